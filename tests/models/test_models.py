@@ -1,0 +1,202 @@
+"""Issue 2: every family builds, runs, caches, pads and saves as promised."""
+import dataclasses
+
+import pytest
+import torch
+
+import vlkit
+from vlkit.types import VLBatch
+
+FAMILIES = ("vilbert", "uniter", "meter")
+
+
+def test_list_models():
+    assert {"meter", "uniter", "vilbert"} <= set(vlkit.list_models())
+
+
+@pytest.mark.parametrize("family,preset,count", [
+    ("vilbert", "base", 246_726_656 - 11_020_800),  # official BertModel minus the unused q_dense1/2
+    ("vilbert", "large", None),
+    ("uniter", "base", 109_898_752),
+    ("uniter", "large", 335_695_872),
+    ("meter", "clip16-roberta", 319_281_152 - 39_424 - 1_024 - 590_592),  # minus unused CLIP-text + pooler
+    ("meter", "clip32-roberta", None),
+    ("meter", "swin-roberta", None),
+])
+def test_presets_build_with_official_parameter_counts(family, preset, count):
+    with torch.device("meta"):
+        model = vlkit.build_model(family, preset=preset)
+    n = sum(p.numel() for p in model.parameters())
+    if count is not None:
+        assert n == count
+    assert model.config.preset == preset
+
+
+def test_vilbert_task_tokens_add_official_count():
+    with torch.device("meta"):
+        model = vlkit.build_model("vilbert", preset="base", task_specific_tokens=True)
+    assert sum(p.numel() for p in model.parameters()) == 246_742_016 - 11_020_800
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tiny_forward_backward(family, build_tiny):
+    model = build_tiny(family).train()
+    batch = model.example_batch(batch_size=3)
+    out = model(batch)
+    b, t = batch.input_ids.shape
+    assert out.text_states.shape[:2] == (b, t)
+    assert out.joint.shape == (b, model.joint_size)
+    assert out.region_states.shape[1] == (batch.region_feats.shape[1] if batch.has_regions else
+                                          (model.config.image_size // model.config.patch_size) ** 2)
+    (out.joint.sum() + out.text_states.sum() + out.image_states.sum()).backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert sum(g is not None and bool(g.abs().sum() > 0) for g in grads) > 0.9 * len(grads)
+
+
+def _pad(batch: VLBatch, extra_tokens: int, extra_regions: int) -> VLBatch:
+    def pad(x, n, value=0):
+        shape = list(x.shape)
+        shape[1] = n
+        return torch.cat([x, x.new_full(shape, value)], dim=1)
+
+    fields = dict(input_ids=pad(batch.input_ids, extra_tokens), attention_mask=pad(batch.attention_mask, extra_tokens))
+    if batch.has_regions:
+        fields.update(region_feats=pad(batch.region_feats, extra_regions, 0.7), region_boxes=pad(batch.region_boxes, extra_regions, 0.3),
+                      region_mask=pad(batch.region_mask, extra_regions), region_soft_labels=None)
+    return batch.replace(**fields)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_padding_does_not_change_real_positions(family, build_tiny):
+    model = build_tiny(family)
+    batch = model.example_batch(batch_size=1, text_len=9, num_regions=7)
+    padded = _pad(batch, extra_tokens=5, extra_regions=4)
+    with torch.no_grad():
+        a, b = model(batch), model(padded)
+    torch.testing.assert_close(b.text_states[:, :9], a.text_states, atol=1e-5, rtol=1e-5)
+    n_img = a.image_states.shape[1]
+    torch.testing.assert_close(b.image_states[:, :n_img], a.image_states, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(b.joint, a.joint, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cached_encodings_compose_to_forward(family, build_tiny):
+    model = build_tiny(family)
+    batch = model.example_batch(batch_size=3)
+    with torch.no_grad():
+        full = model(batch)
+        text, image = model.encode_text(batch), model.encode_image(batch)
+        fused = model.fuse(text, image)
+        # cached encodings re-paired (text i with image j) equal a forward pass on that pairing
+        order = torch.tensor([2, 0, 1])
+        crossed = model.fuse(text, image.index(order))
+        paired = batch.replace(**{k: getattr(batch, k)[order] for k in
+                                  ("region_feats", "region_boxes", "region_mask", "pixel_values")
+                                  if getattr(batch, k) is not None}, region_soft_labels=None)
+        reference = model(paired)
+    for name in ("text_states", "image_states", "joint"):
+        torch.testing.assert_close(getattr(fused, name), getattr(full, name), atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(getattr(crossed, name), getattr(reference, name), atol=1e-6, rtol=1e-6)
+
+
+def _perturb(module: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn_like(p))
+
+
+@pytest.mark.parametrize("family", ["vilbert", "meter"])
+def test_coattention_updates_both_streams_simultaneously(family, build_tiny):
+    """The image output of co-layer i reads the text *input* of layer i, never its text update."""
+    model = build_tiny(family)
+    batch = model.example_batch(batch_size=2)
+    text, image = model.encode_text(batch), model.encode_image(batch)
+    t_mask = vlkit.models.layers.additive_mask(text.mask, torch.float32)
+    v_mask = vlkit.models.layers.additive_mask(image.mask, torch.float32)
+    with torch.no_grad():
+        if family == "vilbert":
+            layer = model.encoder.c_layer[0]
+            vis_a, txt_a = layer(image.states, v_mask, text.states, t_mask)
+            for m in (layer.biOutput.dense2, layer.biOutput.LayerNorm2, layer.t_intermediate, layer.t_output):
+                _perturb(m)  # everything that computes the text update
+            vis_b, txt_b = layer(image.states, v_mask, text.states, t_mask)
+        else:
+            text_layer, image_layer = model.cross_modal_text_layers[0], model.cross_modal_image_layers[0]
+            vis_a, txt_a = image_layer(image.states, v_mask, text.states, t_mask), text_layer(text.states, t_mask, image.states, v_mask)
+            full_a = model.fuse(text, image).image_states
+            _perturb(text_layer)
+            vis_b, txt_b = image_layer(image.states, v_mask, text.states, t_mask), text_layer(text.states, t_mask, image.states, v_mask)
+            full_b = model.fuse(text, image).image_states
+            assert not torch.allclose(full_a, full_b)  # ... but later layers do see it
+    torch.testing.assert_close(vis_a, vis_b)
+    assert not torch.allclose(txt_a, txt_b)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_save_and_load_round_trip(family, build_tiny, tmp_path):
+    model = build_tiny(family)
+    batch = model.example_batch(batch_size=2)
+    model.save_pretrained(tmp_path / "m")
+    assert {p.name for p in (tmp_path / "m").iterdir()} == {"config.json", "model.safetensors"}
+    loaded = vlkit.from_pretrained(tmp_path / "m").eval()
+    assert type(loaded) is type(model) and loaded.config.preset == "tiny"
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(batch).joint, model(batch).joint, atol=0, rtol=0)
+
+
+def test_from_pretrained_errors_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        vlkit.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match="config.json"):
+        vlkit.from_pretrained(tmp_path)
+
+
+def test_build_model_errors_and_overrides():
+    with pytest.raises(vlkit.UnknownNameError, match="meter, uniter, vilbert"):
+        vlkit.build_model("lxmert")
+    with pytest.raises(vlkit.UnknownNameError, match="presets: tiny"):
+        vlkit.build_model("uniter", preset="huge")
+    with pytest.raises(TypeError, match="no field"):
+        vlkit.build_model("uniter", preset="tiny", num_layers=3)
+    model = vlkit.build_model("uniter", preset="tiny", num_hidden_layers=1)
+    assert len(model.encoder.layer) == 1
+
+
+def test_build_model_from_yaml_config():
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.load(_conf("model/uniter.yaml"))
+    node.num_hidden_layers = 3
+    model = vlkit.build_model(node)
+    assert model.config.preset == "tiny" and len(model.encoder.layer) == 3
+    assert vlkit.build_model(node, preset="base").config.hidden_size == 768
+
+
+def _conf(rel):
+    from vlkit.cli import CONF_DIR
+
+    return CONF_DIR / rel
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_yaml_mirrors_the_config_dataclass(family):
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.load(_conf(f"model/{family}.yaml"))
+    fields = {f.name for f in dataclasses.fields(vlkit.MODELS.get(family).config_class)}
+    assert set(node.keys()) == fields | {"name"}
+
+
+def test_presets_are_in_hydra_config_store():
+    from hydra.core.config_store import ConfigStore
+
+    from vlkit.models.base import register_hydra_configs
+
+    register_hydra_configs()
+    repo = ConfigStore.instance().repo["model"]
+    for name in ("vilbert_base.yaml", "uniter_large.yaml", "meter_clip16-roberta.yaml", "meter_tiny.yaml"):
+        assert name in repo
+    node = repo["uniter_base.yaml"].node
+    assert node.name == "uniter" and node.hidden_size == 768 and node.vocab_size == 28996

@@ -1,0 +1,219 @@
+"""What every family shares: the preset-aware config base, the `VLModel` base class (example
+batches, caching API, save / load with safetensors) and `build_model` / `from_pretrained`."""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from vlkit.io import atomic_path, atomic_write_text
+from vlkit.registry import MODELS, UnknownNameError
+from vlkit.types import Encoded, VLBatch, VLOutput
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """Base of the family configs: a dataclass whose presets are plain dicts of field values."""
+
+    family: ClassVar[str] = ""
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    default_preset: ClassVar[str] = "base"
+
+    preset: str = "base"
+
+    @classmethod
+    def from_preset(cls, preset: str | None = None, **overrides: Any) -> "ModelConfig":
+        preset = preset or cls.default_preset
+        if preset not in cls.presets:
+            raise UnknownNameError(f"unknown {cls.family} preset {preset!r}; presets: {', '.join(cls.presets)}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no field(s) {', '.join(unknown)}; fields: {', '.join(sorted(fields))}")
+        return cls(**{**cls.presets[preset], **overrides, "preset": preset})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class VLModel(nn.Module, metaclass=abc.ABCMeta):
+    """Base class of the families: ``forward(batch) == fuse(encode_text(batch), encode_image(batch))``."""
+
+    family: ClassVar[str] = ""
+    config_class: ClassVar[type[ModelConfig]] = ModelConfig
+    image_input: ClassVar[str] = "regions"  # or "pixels"
+    mlm_tied: ClassVar[bool] = True  # the official MLM decoder is tied to the word embeddings
+    encoder_prefixes: ClassVar[tuple[str, ...]] = ()  # pre-trained unimodal towers (METER's lower lr)
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+
+    # -- caching API: each family implements these three ------------------------------------
+    @abc.abstractmethod
+    def encode_text(self, batch: VLBatch, **kwargs: Any) -> Encoded:
+        """The text side up to the point where the family fuses it with the image."""
+
+    @abc.abstractmethod
+    def encode_image(self, batch: VLBatch, **kwargs: Any) -> Encoded:
+        """The image side up to the point where the family fuses it with the text."""
+
+    @abc.abstractmethod
+    def fuse(self, text: Encoded, image: Encoded) -> VLOutput:
+        """Cross-modal layers and poolers over cached unimodal encodings."""
+
+    def forward(self, batch: VLBatch, **kwargs: Any) -> VLOutput:
+        return self.fuse(self.encode_text(batch, **kwargs), self.encode_image(batch, **kwargs))
+
+    # -- sizes the objectives and tasks read -------------------------------------------------
+    @property
+    def text_hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def image_hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def joint_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.get_input_embeddings().num_embeddings
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def get_region_projection(self) -> nn.Linear:
+        """The linear layer that projects region features into the model (MRFR ties to it)."""
+        raise TypeError(f"{self.family} takes no region features")
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    # -- example inputs ----------------------------------------------------------------------
+    def example_batch(self, batch_size: int = 2, seed: int = 0, text_len: int = 12, num_regions: int = 10) -> VLBatch:
+        """Valid random inputs of the kind this family takes; the last example is padded shorter."""
+        g = torch.Generator().manual_seed(seed)
+        pad_id = getattr(self.config, "pad_token_id", 0)
+        ids = torch.randint(pad_id + 1, self.vocab_size, (batch_size, text_len), generator=g)
+        mask = torch.ones(batch_size, text_len, dtype=torch.long)
+        if batch_size > 1:
+            mask[-1, text_len // 2:] = 0
+            ids[-1, text_len // 2:] = pad_id
+        fields: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+        if self.image_input == "regions":
+            k, d, c = num_regions, self.config.v_feature_size, self.config.v_target_size
+            xy = torch.rand(batch_size, k, 2, generator=g) * 0.5
+            wh = torch.rand(batch_size, k, 2, generator=g) * 0.5 + 0.05
+            region_mask = torch.ones(batch_size, k, dtype=torch.long)
+            if batch_size > 1:
+                region_mask[-1, k // 2:] = 0
+            fields.update(
+                region_feats=torch.rand(batch_size, k, d, generator=g) * region_mask[..., None],
+                region_boxes=torch.cat([xy, xy + wh], dim=-1),
+                region_mask=region_mask,
+                region_soft_labels=torch.softmax(torch.randn(batch_size, k, c, generator=g), dim=-1),
+            )
+        else:
+            size = self.config.image_size
+            fields["pixel_values"] = torch.randn(batch_size, 3, size, size, generator=g)
+        return VLBatch(**fields).to(self.device)
+
+    # -- save / load -----------------------------------------------------------------------------
+    def config_to_save(self) -> dict[str, Any]:
+        """The config that rebuilds this model without any external file."""
+        return self.config.to_dict()
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` (each atomically) into ``directory``."""
+        from safetensors.torch import save_model
+
+        from vlkit import __version__
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        with atomic_path(directory / WEIGHTS_NAME) as tmp:
+            save_model(self, str(tmp), metadata={"family": self.family, "format": "pt"})
+        meta = {"family": self.family, "vlkit_version": __version__, "config": self.config_to_save()}
+        atomic_write_text(directory / CONFIG_NAME, json.dumps(meta, indent=2, sort_keys=True))
+        return directory
+
+
+def _config_overrides(cfg: Mapping) -> tuple[str, str | None, dict[str, Any]]:
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(cfg, DictConfig):
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    cfg = dict(cfg)
+    if "name" not in cfg:
+        raise KeyError(f"a model config needs a 'name' key (one of {', '.join(MODELS.names())}); got keys {sorted(cfg)}")
+    name, preset = cfg.pop("name"), cfg.pop("preset", None)
+    return name, preset, {k: v for k, v in cfg.items() if v is not None}
+
+
+def build_model(name_or_cfg: Any, preset: str | None = None, **overrides: Any) -> VLModel:
+    """``build_model("uniter", preset="tiny", num_hidden_layers=4)``, ``build_model(cfg_mapping)``
+    (a ``{name, preset, <field>: value}`` mapping such as ``conf/model/*.yaml``) or
+    ``build_model(config_dataclass)``."""
+    if isinstance(name_or_cfg, ModelConfig):
+        if preset or overrides:
+            name_or_cfg = dataclasses.replace(name_or_cfg, **overrides)
+        return MODELS.get(name_or_cfg.family)(name_or_cfg)
+    if isinstance(name_or_cfg, Mapping) or hasattr(name_or_cfg, "keys"):
+        name, cfg_preset, cfg_overrides = _config_overrides(name_or_cfg)
+        return build_model(name, preset or cfg_preset, **{**cfg_overrides, **overrides})
+    cls = MODELS.get(name_or_cfg)
+    return cls(cls.config_class.from_preset(preset, **overrides))
+
+
+def from_pretrained(directory: str | Path, map_location: str | torch.device = "cpu") -> VLModel:
+    """Rebuild a model saved by ``save_pretrained`` (same family, preset, config and weights)."""
+    from safetensors.torch import load_model
+
+    directory = Path(directory)
+    config_path, weights_path = directory / CONFIG_NAME, directory / WEIGHTS_NAME
+    for path in (config_path, weights_path):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: not a vlkit model directory (save_pretrained writes "
+                                    f"{CONFIG_NAME} and {WEIGHTS_NAME})")
+    try:
+        meta = json.loads(config_path.read_text())
+        family, values = meta["family"], meta["config"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{config_path}: not a vlkit model config ({err})") from err
+    cls = MODELS.get(family)
+    names = {f.name for f in dataclasses.fields(cls.config_class)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"{config_path}: unknown {family} config key(s) {', '.join(unknown)}")
+    model = cls(cls.config_class(**values))
+    missing, unexpected = load_model(model, str(weights_path), strict=False, device=str(map_location))
+    if missing or unexpected:
+        raise ValueError(f"{weights_path}: weights do not match the {family} config "
+                         f"(missing {missing[:5]}..., unexpected {unexpected[:5]}...)")
+    return model
+
+
+def register_hydra_configs() -> None:
+    """Store every family preset, fully resolved, in Hydra's ConfigStore as ``model/<family>_<preset>``
+    (``model=uniter_base`` then picks it; ``conf/model/<family>.yaml`` is the override-friendly mirror)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    for name in MODELS.names():
+        config_class = MODELS.get(name).config_class
+        for preset in config_class.presets:
+            store.store(group="model", name=f"{name}_{preset}",
+                        node={"name": name, **config_class.from_preset(preset).to_dict()})

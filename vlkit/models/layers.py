@@ -1,0 +1,204 @@
+"""Transformer building blocks shared by every family (parameter names follow the BERT code the
+official repositories use, so released checkpoints map onto them key by key).
+
+Attention runs through `torch.nn.functional.scaled_dot_product_attention` with the additive
+``(1 - mask) * -10000`` mask of the original BERT code.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+MASK_VALUE = -10000.0
+
+
+class QuickGELU(nn.Module):
+    """CLIP's activation ``x * sigmoid(1.702 x)``."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "tanh": nn.Tanh, "quick_gelu": QuickGELU}
+
+
+def activation(name: str) -> nn.Module:
+    """``gelu`` is the exact erf form used by all three official codes."""
+    if name not in ACTIVATIONS:
+        raise KeyError(f"unknown activation {name!r}; choose from {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]()
+
+
+def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """[B, L] (1 = attend) -> [B, 1, 1, L] additive mask ``(1 - m) * -10000`` for SDPA."""
+    return ((1.0 - mask[:, None, None, :].to(dtype)) * MASK_VALUE).to(dtype)
+
+
+def attend(query: Tensor, key: Tensor, value: Tensor, num_heads: int, mask: Tensor | None,
+           dropout_p: float) -> Tensor:
+    """Multi-head scaled dot-product attention on projected [B, L, H] inputs -> [B, Lq, H]."""
+    b, lq, h = query.shape
+    d = h // num_heads
+
+    def split(x: Tensor) -> Tensor:
+        return x.view(b, x.shape[1], num_heads, d).transpose(1, 2)
+
+    ctx = F.scaled_dot_product_attention(split(query), split(key), split(value), attn_mask=mask, dropout_p=dropout_p)
+    return ctx.transpose(1, 2).reshape(b, lq, h)
+
+
+class BertSelfAttention(nn.Module):
+    """Q from ``hidden``, K/V from ``context`` (itself for self-attention, the other stream for cross)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, dropout: float = 0.1, kv_size: int | None = None,
+                 attention_size: int | None = None):
+        super().__init__()
+        attention_size = attention_size or hidden_size
+        if attention_size % num_heads:
+            raise ValueError(f"attention size {attention_size} is not a multiple of {num_heads} heads")
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.query = nn.Linear(hidden_size, attention_size)
+        self.key = nn.Linear(kv_size or hidden_size, attention_size)
+        self.value = nn.Linear(kv_size or hidden_size, attention_size)
+
+    def forward(self, hidden: Tensor, mask: Tensor | None, context: Tensor | None = None) -> Tensor:
+        context = hidden if context is None else context
+        return attend(self.query(hidden), self.key(context), self.value(context), self.num_heads, mask,
+                      self.dropout if self.training else 0.0)
+
+
+class BertOutput(nn.Module):
+    """``LayerNorm(residual + dropout(dense(x)))``: BERT's SelfOutput and Output blocks."""
+
+    def __init__(self, in_size: int, hidden_size: int, eps: float = 1e-12, dropout: float = 0.1):
+        super().__init__()
+        self.dense = nn.Linear(in_size, hidden_size)
+        self.LayerNorm = nn.LayerNorm(hidden_size, eps=eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, residual: Tensor) -> Tensor:
+        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+
+
+class BertAttention(nn.Module):
+    """Post-LN attention block; cross-attention when called with a ``context``."""
+
+    def __init__(self, hidden_size: int, num_heads: int, eps: float = 1e-12, dropout: float = 0.1,
+                 attention_dropout: float = 0.1, kv_size: int | None = None):
+        super().__init__()
+        self.self = BertSelfAttention(hidden_size, num_heads, attention_dropout, kv_size=kv_size)
+        self.output = BertOutput(hidden_size, hidden_size, eps, dropout)
+
+    def forward(self, hidden: Tensor, mask: Tensor | None, context: Tensor | None = None) -> Tensor:
+        return self.output(self.self(hidden, mask, context), hidden)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str = "gelu"):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, intermediate_size)
+        self.intermediate_act_fn = activation(act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.intermediate_act_fn(self.dense(x))
+
+
+class BertLayer(nn.Module):
+    """The post-LN BERT layer (self-attention, FFN)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, intermediate_size: int, act: str = "gelu",
+                 eps: float = 1e-12, dropout: float = 0.1, attention_dropout: float = 0.1):
+        super().__init__()
+        self.attention = BertAttention(hidden_size, num_heads, eps, dropout, attention_dropout)
+        self.intermediate = BertIntermediate(hidden_size, intermediate_size, act)
+        self.output = BertOutput(intermediate_size, hidden_size, eps, dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        h = self.attention(x, mask)
+        return self.output(self.intermediate(h), h)
+
+
+class BertCrossLayer(BertLayer):
+    """METER's co-attention layer for one stream: self-attention, cross-attention to the other
+    stream, FFN (post-LN)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, intermediate_size: int, act: str = "gelu",
+                 eps: float = 1e-12, dropout: float = 0.1, attention_dropout: float = 0.1):
+        super().__init__(hidden_size, num_heads, intermediate_size, act, eps, dropout, attention_dropout)
+        self.crossattention = BertAttention(hidden_size, num_heads, eps, dropout, attention_dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None, other: Tensor = None, other_mask: Tensor | None = None) -> Tensor:
+        h = self.attention(x, mask)
+        h = self.crossattention(h, other_mask, context=other)
+        return self.output(self.intermediate(h), h)
+
+
+class BiAttention(nn.Module):
+    """ViLBERT's co-attention: each stream's queries attend to the other stream's keys and values.
+
+    ``*1`` projections read the visual stream, ``*2`` the text stream (official names).
+    """
+
+    def __init__(self, v_hidden_size: int, t_hidden_size: int, bi_hidden_size: int, num_heads: int, dropout: float):
+        super().__init__()
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.query1 = nn.Linear(v_hidden_size, bi_hidden_size)
+        self.key1 = nn.Linear(v_hidden_size, bi_hidden_size)
+        self.value1 = nn.Linear(v_hidden_size, bi_hidden_size)
+        self.query2 = nn.Linear(t_hidden_size, bi_hidden_size)
+        self.key2 = nn.Linear(t_hidden_size, bi_hidden_size)
+        self.value2 = nn.Linear(t_hidden_size, bi_hidden_size)
+
+    def forward(self, vis: Tensor, vis_mask: Tensor, txt: Tensor, txt_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Returns (vision-side context from text, text-side context from vision); both read the inputs."""
+        p = self.dropout if self.training else 0.0
+        ctx_txt = attend(self.query2(txt), self.key1(vis), self.value1(vis), self.num_heads, vis_mask, p)
+        ctx_vis = attend(self.query1(vis), self.key2(txt), self.value2(txt), self.num_heads, txt_mask, p)
+        return ctx_vis, ctx_txt
+
+
+class BiOutput(nn.Module):
+    """ViLBERT's co-attention outputs: ``LN1(vis + dense1(ctx_vis))``, ``LN2(txt + dense2(ctx_txt))``.
+
+    The official ``q_dense1`` / ``q_dense2`` are never used in its forward pass and are not built
+    here (the checkpoint converter reports them as dropped).
+    """
+
+    def __init__(self, bi_hidden_size: int, v_hidden_size: int, t_hidden_size: int, eps: float, dropout: float):
+        super().__init__()
+        self.dense1 = nn.Linear(bi_hidden_size, v_hidden_size)
+        self.LayerNorm1 = nn.LayerNorm(v_hidden_size, eps=eps)
+        self.dense2 = nn.Linear(bi_hidden_size, t_hidden_size)
+        self.LayerNorm2 = nn.LayerNorm(t_hidden_size, eps=eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, ctx_vis: Tensor, vis: Tensor, ctx_txt: Tensor, txt: Tensor) -> tuple[Tensor, Tensor]:
+        vis_out = self.LayerNorm1(self.dropout(self.dense1(ctx_vis)) + vis)
+        txt_out = self.LayerNorm2(self.dropout(self.dense2(ctx_txt)) + txt)
+        return vis_out, txt_out
+
+
+class Pooler(nn.Module):
+    """``act(dense(h[:, 0]))``: tanh in BERT / UNITER / METER, ReLU in ViLBERT."""
+
+    def __init__(self, in_size: int, out_size: int, act: str = "tanh"):
+        super().__init__()
+        self.dense = nn.Linear(in_size, out_size)
+        self.activation = activation(act)
+
+    def forward(self, states: Tensor) -> Tensor:
+        return self.activation(self.dense(states[:, 0]))
+
+
+def init_bert_weights(module: nn.Module, std: float = 0.02) -> None:
+    """The official initialisation: normal(0, std) weights, zero biases, LayerNorm (1, 0)."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        module.weight.data.normal_(mean=0.0, std=std)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            module.bias.data.zero_()
+    elif isinstance(module, nn.LayerNorm):
+        module.weight.data.fill_(1.0)
+        module.bias.data.zero_()

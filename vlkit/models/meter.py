@@ -1,0 +1,190 @@
+"""METER (Dou et al. 2022): a `transformers` text encoder and a CLIP / Swin vision tower, each
+projected to the fusion width, joined by co-attention layers (zdou0830/METER ``meter_module.py``).
+
+``fusion="merged"`` is the merged-attention variant of Table 6 (one transformer over the
+concatenated streams). Module names follow the official code; the unused CLIP text-side tensors
+and the RoBERTa pooler are not built, so the ``clip16-roberta`` model without heads has
+318,650,112 parameters (the official 319,281,152 minus 39,424 + 1,024 CLIP-text and 590,592 pooler).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from vlkit.models.base import ModelConfig, VLModel
+from vlkit.models.encoders import build_clip_vision, build_swin, build_text_encoder, vision_has_cls, vision_tokens
+from vlkit.models.layers import BertCrossLayer, BertLayer, Pooler, additive_mask, init_bert_weights
+from vlkit.registry import register_model
+from vlkit.types import Encoded, VLBatch, VLOutput
+
+ROBERTA_BASE = dict(vocab_size=50265, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                    intermediate_size=3072, max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5,
+                    pad_token_id=1, bos_token_id=0, eos_token_id=2, hidden_dropout_prob=0.1,
+                    attention_probs_dropout_prob=0.1)
+_TINY_TEXT = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                  max_position_embeddings=64, pad_token_id=0)
+_CLIP16 = dict(vision_encoder="clip", vision_width=768, vision_layers=11, vision_heads=12, patch_size=16, image_size=288)
+
+
+@dataclass
+class MeterConfig(ModelConfig):
+    """``task_mlm_itm_clip_bert`` + ``clip16`` + ``text_roberta`` (official ``meter/config.py``).
+
+    ``text_pretrained`` / ``vision_pretrained`` name local weights (a ``from_pretrained`` directory,
+    a CLIP / timm state dict file); without them the towers are built from ``text_config`` and the
+    vision fields. ``vocab_size`` (when set) overrides ``text_config["vocab_size"]``.
+    """
+
+    family = "meter"
+    presets = {
+        "tiny": dict(text_encoder="bert", text_config=_TINY_TEXT, vision_encoder="clip", vision_width=64,
+                     vision_layers=2, vision_heads=2, patch_size=8, image_size=64, hidden_size=64, num_heads=2,
+                     num_top_layer=2),
+        "clip16-roberta": dict(_CLIP16),
+        "base": dict(_CLIP16),
+        "clip32-roberta": dict(_CLIP16, patch_size=32, image_size=224),
+        "swin-roberta": dict(vision_encoder="swin", vision_model="swin_base_patch4_window12_384", vision_width=1024,
+                             image_size=384),
+    }
+    default_preset = "clip16-roberta"
+
+    preset: str = "clip16-roberta"
+    text_encoder: str = "roberta"  # any transformers model_type
+    text_pretrained: str | None = None
+    text_config: dict[str, Any] = field(default_factory=lambda: dict(ROBERTA_BASE))
+    vocab_size: int | None = None
+    vision_encoder: str = "clip"  # clip | swin
+    vision_pretrained: str | None = None
+    vision_model: str = ""  # timm model name for swin
+    vision_kwargs: dict[str, Any] = field(default_factory=dict)  # extra timm.create_model arguments (swin)
+    vision_width: int = 768
+    vision_layers: int = 11  # CLIP ViT-B/16 has 12 blocks; METER builds 11 and drops the last
+    vision_heads: int = 12
+    patch_size: int = 16
+    image_size: int = 288
+    hidden_size: int = 768
+    num_heads: int = 12
+    num_top_layer: int = 6
+    mlp_ratio: int = 4
+    drop_rate: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    fusion: str = "co_attention"  # or "merged"
+    merged_num_layers: int | None = None  # default 2 * num_top_layer
+    num_image_token_types: int = 2  # NLVR2 fine-tuning uses 3 (image type ids 1 and 2)
+
+    def __post_init__(self) -> None:
+        if self.vocab_size is not None:
+            self.text_config = {**self.text_config, "vocab_size": self.vocab_size}
+        if self.fusion not in ("co_attention", "merged"):
+            raise ValueError(f"fusion must be 'co_attention' or 'merged', not {self.fusion!r}")
+        if self.vision_encoder not in ("clip", "swin"):
+            raise ValueError(f"vision_encoder must be 'clip' or 'swin', not {self.vision_encoder!r}")
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.text_config.get("pad_token_id", 0)
+
+
+@register_model("meter")
+class Meter(VLModel):
+    """METER: ``joint = cat(text_pool, image_pool)``; ``encode_text`` / ``encode_image`` cache both
+    unimodal towers (projected, with their modality type embedding)."""
+
+    family = "meter"
+    config_class = MeterConfig
+    image_input = "pixels"
+    mlm_tied = False
+    encoder_prefixes = ("text_transformer", "vit_model")
+
+    def __init__(self, config: MeterConfig):
+        super().__init__(config)
+        c = config
+        self.text_transformer = build_text_encoder(c.text_encoder, c.text_pretrained, c.text_config)
+        if c.vision_encoder == "clip":
+            self.vit_model = build_clip_vision(c.vision_width, c.vision_layers, c.vision_heads, c.patch_size,
+                                               c.image_size, c.vision_pretrained)
+        else:
+            self.vit_model = build_swin(c.vision_model, c.image_size, c.vision_pretrained, **c.vision_kwargs)
+        text_width = self.text_transformer.config.hidden_size
+        self.cross_modal_text_transform = nn.Linear(text_width, c.hidden_size)
+        self.cross_modal_image_transform = nn.Linear(c.vision_width, c.hidden_size)
+        self.token_type_embeddings = nn.Embedding(c.num_image_token_types, c.hidden_size)
+        inter = c.hidden_size * c.mlp_ratio
+        if c.fusion == "co_attention":
+            def cross() -> nn.ModuleList:
+                return nn.ModuleList(BertCrossLayer(c.hidden_size, c.num_heads, inter, "gelu", c.layer_norm_eps,
+                                                    c.drop_rate, c.drop_rate) for _ in range(c.num_top_layer))
+            self.cross_modal_text_layers = cross()
+            self.cross_modal_image_layers = cross()
+        else:
+            self.cross_modal_layers = nn.ModuleList(
+                BertLayer(c.hidden_size, c.num_heads, inter, "gelu", c.layer_norm_eps, c.drop_rate, c.drop_rate)
+                for _ in range(c.merged_num_layers or 2 * c.num_top_layer))
+        self.cross_modal_text_pooler = Pooler(c.hidden_size, c.hidden_size, "tanh")
+        self.cross_modal_image_pooler = Pooler(c.hidden_size, c.hidden_size, "tanh")
+        for name, module in self.named_children():
+            if name not in self.encoder_prefixes:
+                module.apply(lambda m: init_bert_weights(m, c.initializer_range))
+        self.image_offset = 1 if vision_has_cls(self.vit_model) else 0
+
+    def config_to_save(self) -> dict[str, Any]:
+        # rebuildable without the original pretrained files: record the towers' actual configs
+        values = self.config.to_dict()
+        values.update(text_pretrained=None, vision_pretrained=None, vocab_size=None,
+                      text_config=self.text_transformer.config.to_diff_dict())
+        values["text_config"].pop("architectures", None)
+        values["text_config"].pop("model_type", None)
+        values["text_config"].pop("transformers_version", None)
+        return values
+
+    @property
+    def text_hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def joint_size(self) -> int:
+        return 2 * self.config.hidden_size
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.text_transformer.get_input_embeddings()
+
+    @property
+    def patch_size(self) -> int:
+        return self.config.patch_size
+
+    def encode_text(self, batch: VLBatch, **_: Any) -> Encoded:
+        states = self.text_transformer(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+        states = self.cross_modal_text_transform(states) + self.token_type_embeddings.weight[0]
+        return Encoded(states, batch.attention_mask)
+
+    def encode_image(self, batch: VLBatch, image_token_type_idx: int = 1, **_: Any) -> Encoded:
+        if not batch.has_pixels:
+            raise ValueError("METER takes pixels: the batch has no pixel_values")
+        states = self.cross_modal_image_transform(vision_tokens(self.vit_model, batch.pixel_values))
+        states = states + self.token_type_embeddings.weight[image_token_type_idx]
+        return Encoded(states, torch.ones(states.shape[:2], dtype=torch.long, device=states.device))
+
+    def fuse(self, text: Encoded, image: Encoded) -> VLOutput:
+        x, y = text.states, image.states
+        x_mask, y_mask = additive_mask(text.mask, x.dtype), additive_mask(image.mask, y.dtype)
+        if self.config.fusion == "co_attention":
+            for text_layer, image_layer in zip(self.cross_modal_text_layers, self.cross_modal_image_layers):
+                x, y = text_layer(x, x_mask, y, y_mask), image_layer(y, y_mask, x, x_mask)  # simultaneous update
+        else:
+            states = torch.cat([x, y], dim=1)
+            mask = additive_mask(torch.cat([text.mask, image.mask], dim=1), x.dtype)
+            for layer in self.cross_modal_layers:
+                states = layer(states, mask)
+            x, y = states[:, :x.shape[1]], states[:, x.shape[1]:]
+        text_pooled = self.cross_modal_text_pooler(x)
+        image_pooled = self.cross_modal_image_pooler(y if self.image_offset else y.mean(1, keepdim=True))
+        return VLOutput(text_states=x, text_mask=text.mask, image_states=y, image_mask=image.mask,
+                        text_pooled=text_pooled, image_pooled=image_pooled,
+                        joint=torch.cat([text_pooled, image_pooled], dim=-1), image_offset=self.image_offset)
+
+    def forward(self, batch: VLBatch, image_token_type_idx: int = 1, **kwargs: Any) -> VLOutput:
+        return self.fuse(self.encode_text(batch), self.encode_image(batch, image_token_type_idx=image_token_type_idx))

@@ -1,0 +1,99 @@
+"""UNITER (Chen et al. 2020): one BERT stream over ``[CLS] text [SEP]`` followed by the regions, as in
+ChenRocks/UNITER ``model/model.py`` (module names without the official ``uniter.`` prefix).
+
+The official code gathers each example's regions right after its own text length; vlkit keeps
+``[text padded | regions padded]`` with the attention mask, which gives the same outputs at every
+real position (attention is permutation-equivariant and positions are embedded before packing).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from vlkit.models.base import ModelConfig, VLModel
+from vlkit.models.embeddings import BertTextEmbeddings, UniterRegionEmbeddings
+from vlkit.models.layers import BertLayer, Pooler, additive_mask, init_bert_weights
+from vlkit.registry import register_model
+from vlkit.types import Encoded, VLBatch, VLOutput
+
+
+@dataclass
+class UniterConfig(ModelConfig):
+    """``config/uniter-base.json`` (bert-base-cased vocabulary) and ``uniter-large.json``."""
+
+    family = "uniter"
+    presets = {
+        "tiny": dict(vocab_size=1000, hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
+                     intermediate_size=128, max_position_embeddings=64, v_feature_size=256, v_target_size=8),
+        "base": {},
+        "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
+    }
+
+    preset: str = "base"
+    vocab_size: int = 28996
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    v_feature_size: int = 2048  # IMG_DIM
+    v_target_size: int = 1601  # IMG_LABEL_DIM: detector classes incl. background
+
+
+@register_model("uniter")
+class Uniter(VLModel):
+    """UNITER: ``joint`` is the tanh-pooled [CLS]. ``encode_text`` / ``encode_image`` cache the
+    embeddings only (everything after them is joint)."""
+
+    family = "uniter"
+    config_class = UniterConfig
+    image_input = "regions"
+
+    def __init__(self, config: UniterConfig):
+        super().__init__(config)
+        c = config
+        self.embeddings = BertTextEmbeddings(c.vocab_size, c.hidden_size, c.max_position_embeddings, c.type_vocab_size,
+                                             c.layer_norm_eps, c.hidden_dropout_prob, c.pad_token_id)
+        self.img_embeddings = UniterRegionEmbeddings(c.v_feature_size, c.hidden_size, c.layer_norm_eps,
+                                                     c.hidden_dropout_prob)
+        self.encoder = nn.Module()
+        self.encoder.layer = nn.ModuleList(
+            BertLayer(c.hidden_size, c.num_attention_heads, c.intermediate_size, c.hidden_act, c.layer_norm_eps,
+                      c.hidden_dropout_prob, c.attention_probs_dropout_prob) for _ in range(c.num_hidden_layers))
+        self.pooler = Pooler(c.hidden_size, c.hidden_size, "tanh")
+        self.apply(lambda m: init_bert_weights(m, c.initializer_range))
+
+    def get_region_projection(self) -> nn.Linear:
+        return self.img_embeddings.img_linear
+
+    def encode_text(self, batch: VLBatch, **_: Any) -> Encoded:
+        return Encoded(self.embeddings(batch.input_ids), batch.attention_mask)
+
+    def encode_image(self, batch: VLBatch, img_type_id: int = 1, **_: Any) -> Encoded:
+        if not batch.has_regions:
+            raise ValueError("UNITER takes region features: the batch has no region_feats")
+        # images use the text token-type table with type id 1 (official _compute_img_embeddings)
+        type_emb = self.embeddings.token_type_embeddings.weight[img_type_id]
+        states = self.img_embeddings(batch.region_feats, batch.region_boxes, type_emb, batch.region_masked)
+        return Encoded(states, batch.region_mask)
+
+    def fuse(self, text: Encoded, image: Encoded) -> VLOutput:
+        states = torch.cat([text.states, image.states], dim=1)
+        mask = torch.cat([text.mask, image.mask], dim=1)
+        add_mask = additive_mask(mask, states.dtype)
+        for layer in self.encoder.layer:
+            states = layer(states, add_mask)
+        t = text.states.shape[1]
+        pooled = self.pooler(states)
+        return VLOutput(text_states=states[:, :t], text_mask=text.mask, image_states=states[:, t:],
+                        image_mask=image.mask, text_pooled=pooled, image_pooled=pooled, joint=pooled)

@@ -1,0 +1,240 @@
+"""ViLBERT (Lu et al. 2019): two streams joined by co-attention, as in facebookresearch/vilbert-multi-task.
+
+Module names follow the official ``BertModel`` (without its ``bert.`` prefix), so released
+checkpoints load through `vlkit.convert.vilbert`. Execution order of the base model
+(``v_biattention_id`` 0-5, ``t_biattention_id`` 6-11): text L0-L5; co0; (L6, V0); co1; ...; co5; V5; L11.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vlkit.models.base import ModelConfig, VLModel
+from vlkit.models.embeddings import BertTextEmbeddings, ViLBERTRegionEmbeddings
+from vlkit.models.layers import (BertIntermediate, BertLayer, BertOutput, BiAttention, BiOutput, Pooler,
+                                 additive_mask, init_bert_weights)
+from vlkit.registry import register_model
+from vlkit.types import Encoded, VLBatch, VLOutput
+
+
+@dataclass
+class ViLBERTConfig(ModelConfig):
+    """``bert_base_6layer_6conect.json`` plus the ``BertConfig`` defaults the official code reads.
+
+    ``num_coattention_layers`` (k in Table 2: 2/4/6/8) rewrites the layer schedule as the official
+    ``bert_base_{k}layer_{k}conect.json`` files do; ``single_stream`` is the paper's single-stream
+    baseline (``basebert.py``: one BERT over text and regions, tanh pooler on [CLS]).
+    """
+
+    family = "vilbert"
+    presets = {
+        "tiny": dict(vocab_size=1000, hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
+                     intermediate_size=128, max_position_embeddings=64, v_feature_size=256, v_target_size=8,
+                     v_hidden_size=64, v_num_hidden_layers=2, v_num_attention_heads=2, v_intermediate_size=64,
+                     bi_hidden_size=64, bi_num_attention_heads=2, v_biattention_id=[0, 1], t_biattention_id=[2, 3]),
+        "base": {},
+        "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+                      t_biattention_id=[18, 19, 20, 21, 22, 23]),
+    }
+
+    preset: str = "base"
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    v_feature_size: int = 2048
+    v_target_size: int = 1601
+    v_hidden_size: int = 1024
+    v_num_hidden_layers: int = 6
+    v_num_attention_heads: int = 8
+    v_intermediate_size: int = 1024
+    v_hidden_act: str = "gelu"
+    v_hidden_dropout_prob: float = 0.1
+    v_attention_probs_dropout_prob: float = 0.1
+    bi_hidden_size: int = 1024
+    bi_num_attention_heads: int = 8
+    v_biattention_id: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4, 5])
+    t_biattention_id: list[int] = field(default_factory=lambda: [6, 7, 8, 9, 10, 11])
+    num_coattention_layers: int | None = None
+    fusion_method: str = "mul"
+    task_specific_tokens: bool = False
+    num_task_tokens: int = 20
+    single_stream: bool = False
+
+    def __post_init__(self) -> None:
+        k = self.num_coattention_layers
+        if k is not None:
+            if not 0 < k <= self.num_hidden_layers:
+                raise ValueError(f"num_coattention_layers={k} must be in 1..{self.num_hidden_layers}")
+            self.v_num_hidden_layers = k
+            self.v_biattention_id = list(range(k))
+            self.t_biattention_id = list(range(self.num_hidden_layers - k, self.num_hidden_layers))
+        if len(self.v_biattention_id) != len(self.t_biattention_id):
+            raise ValueError("v_biattention_id and t_biattention_id must have the same length")
+        if self.fusion_method not in ("mul", "sum"):
+            raise ValueError(f"fusion_method must be 'mul' or 'sum', not {self.fusion_method!r}")
+
+
+class ViLBERTEncoder(nn.Module):
+    """The text layers, visual layers and co-attention layers (official ``BertEncoder`` names)."""
+
+    def __init__(self, c: ViLBERTConfig):
+        super().__init__()
+        eps = c.layer_norm_eps
+        self.layer = nn.ModuleList(
+            BertLayer(c.hidden_size, c.num_attention_heads, c.intermediate_size, c.hidden_act, eps,
+                      c.hidden_dropout_prob, c.attention_probs_dropout_prob) for _ in range(c.num_hidden_layers))
+        if c.single_stream:
+            return
+        self.v_layer = nn.ModuleList(
+            BertLayer(c.v_hidden_size, c.v_num_attention_heads, c.v_intermediate_size, c.v_hidden_act, eps,
+                      c.v_hidden_dropout_prob, c.v_attention_probs_dropout_prob) for _ in range(c.v_num_hidden_layers))
+        self.c_layer = nn.ModuleList(ConnectionLayer(c) for _ in c.v_biattention_id)
+
+
+class ConnectionLayer(nn.Module):
+    """Co-TRM: cross-attention both ways from the layer inputs (streams updated simultaneously),
+    then each stream's own FFN (official ``BertConnectionLayer``)."""
+
+    def __init__(self, c: ViLBERTConfig):
+        super().__init__()
+        eps = c.layer_norm_eps
+        self.biattention = BiAttention(c.v_hidden_size, c.hidden_size, c.bi_hidden_size, c.bi_num_attention_heads,
+                                       c.attention_probs_dropout_prob)
+        self.biOutput = BiOutput(c.bi_hidden_size, c.v_hidden_size, c.hidden_size, eps, c.hidden_dropout_prob)
+        self.v_intermediate = BertIntermediate(c.v_hidden_size, c.v_intermediate_size, c.v_hidden_act)
+        self.v_output = BertOutput(c.v_intermediate_size, c.v_hidden_size, eps, c.v_hidden_dropout_prob)
+        self.t_intermediate = BertIntermediate(c.hidden_size, c.intermediate_size, c.hidden_act)
+        self.t_output = BertOutput(c.intermediate_size, c.hidden_size, eps, c.hidden_dropout_prob)
+
+    def forward(self, vis: Tensor, vis_mask: Tensor, txt: Tensor, txt_mask: Tensor) -> tuple[Tensor, Tensor]:
+        ctx_vis, ctx_txt = self.biattention(vis, vis_mask, txt, txt_mask)
+        vis, txt = self.biOutput(ctx_vis, vis, ctx_txt, txt)
+        return self.v_output(self.v_intermediate(vis), vis), self.t_output(self.t_intermediate(txt), txt)
+
+
+def _run(layers: nn.ModuleList, start: int, end: int, states: Tensor, mask: Tensor) -> Tensor:
+    for layer in layers[start:end]:
+        states = layer(states, mask)
+    return states
+
+
+@register_model("vilbert")
+class ViLBERT(VLModel):
+    """ViLBERT: ``joint = pooled_t * pooled_v`` (ReLU poolers 768->1024 and 1024->1024).
+
+    ``encode_text`` caches the text stream up to its first co-attention layer, ``encode_image``
+    the region embeddings with the leading [IMG] token (mean of the real regions, box [0,0,1,1]).
+    """
+
+    family = "vilbert"
+    config_class = ViLBERTConfig
+    image_input = "regions"
+
+    def __init__(self, config: ViLBERTConfig):
+        super().__init__(config)
+        c = config
+        self.embeddings = BertTextEmbeddings(c.vocab_size, c.hidden_size, c.max_position_embeddings, c.type_vocab_size,
+                                             c.layer_norm_eps, c.hidden_dropout_prob, c.pad_token_id)
+        if c.task_specific_tokens:
+            self.embeddings.task_embeddings = nn.Embedding(c.num_task_tokens, c.hidden_size)
+        v_hidden = c.hidden_size if c.single_stream else c.v_hidden_size
+        self.v_embeddings = ViLBERTRegionEmbeddings(c.v_feature_size, v_hidden, c.layer_norm_eps, c.v_hidden_dropout_prob,
+                                                    type_vocab_size=c.type_vocab_size if c.single_stream else 0)
+        self.encoder = ViLBERTEncoder(c)
+        if c.single_stream:
+            self.pooler = Pooler(c.hidden_size, c.hidden_size, "tanh")
+        else:
+            self.t_pooler = Pooler(c.hidden_size, c.bi_hidden_size, "relu")
+            self.v_pooler = Pooler(c.v_hidden_size, c.bi_hidden_size, "relu")
+        self.apply(lambda m: init_bert_weights(m, c.initializer_range))
+
+    @property
+    def image_hidden_size(self) -> int:
+        return self.config.hidden_size if self.config.single_stream else self.config.v_hidden_size
+
+    @property
+    def joint_size(self) -> int:
+        return self.config.hidden_size if self.config.single_stream else self.config.bi_hidden_size
+
+    def get_region_projection(self) -> nn.Linear:
+        return self.v_embeddings.image_embeddings
+
+    def _first_layers(self) -> tuple[int, int]:
+        c = self.config
+        return (c.num_hidden_layers, 0) if c.single_stream else (c.t_biattention_id[0], c.v_biattention_id[0])
+
+    def encode_text(self, batch: VLBatch, task_ids: Tensor | None = None, **_: Any) -> Encoded:
+        emb = self.embeddings.summed(batch.input_ids)
+        mask = batch.attention_mask
+        if self.config.task_specific_tokens:
+            if task_ids is None:
+                raise ValueError("this ViLBERT has task_specific_tokens=True: pass task_ids [B] to the model")
+            # inserted after [CLS], before the LayerNorm, with no position / type embedding (official)
+            task = self.embeddings.task_embeddings(task_ids.view(-1, 1))
+            emb = torch.cat([emb[:, :1], task, emb[:, 1:]], dim=1)
+            mask = torch.cat([mask[:, :1], torch.ones_like(mask[:, :1]), mask[:, 1:]], dim=1)
+        states = self.embeddings.normalize(emb)
+        if not self.config.single_stream:
+            states = _run(self.encoder.layer, 0, self._first_layers()[0], states, additive_mask(mask, states.dtype))
+        return Encoded(states, mask)
+
+    def encode_image(self, batch: VLBatch, **_: Any) -> Encoded:
+        if not batch.has_regions:
+            raise ValueError("ViLBERT takes region features: the batch has no region_feats")
+        feats, boxes, mask = batch.region_feats, batch.region_boxes, batch.region_mask
+        real = mask.to(feats.dtype)[..., None]
+        img_feat = (feats * real).sum(1, keepdim=True) / real.sum(1, keepdim=True).clamp(min=1.0)
+        img_box = boxes.new_tensor([0.0, 0.0, 1.0, 1.0]).expand(feats.shape[0], 1, 4)
+        feats = torch.cat([img_feat, feats], dim=1)
+        boxes = torch.cat([img_box, boxes], dim=1)
+        mask = torch.cat([torch.ones_like(mask[:, :1]), mask], dim=1)
+        states = self.v_embeddings(feats, boxes)
+        if not self.config.single_stream:
+            states = _run(self.encoder.v_layer, 0, self._first_layers()[1], states, additive_mask(mask, states.dtype))
+        return Encoded(states, mask)
+
+    def fuse(self, text: Encoded, image: Encoded) -> VLOutput:
+        c = self.config
+        txt, vis = text.states, image.states
+        if c.single_stream:
+            states = torch.cat([txt, vis], dim=1)
+            mask = torch.cat([text.mask, image.mask], dim=1)
+            states = _run(self.encoder.layer, 0, c.num_hidden_layers, states, additive_mask(mask, states.dtype))
+            txt, vis = states[:, :txt.shape[1]], states[:, txt.shape[1]:]
+            text_pooled, image_pooled = self.pooler(txt), self.pooler(vis)
+            joint = text_pooled
+        else:
+            t_mask, v_mask = additive_mask(text.mask, txt.dtype), additive_mask(image.mask, vis.dtype)
+            t_start, v_start = self._first_layers()
+            for count, (v_end, t_end) in enumerate(zip(c.v_biattention_id, c.t_biattention_id)):
+                txt = _run(self.encoder.layer, t_start, t_end, txt, t_mask)
+                vis = _run(self.encoder.v_layer, v_start, v_end, vis, v_mask)
+                vis, txt = self.encoder.c_layer[count](vis, v_mask, txt, t_mask)
+                t_start, v_start = t_end, v_end
+            vis = _run(self.encoder.v_layer, v_start, c.v_num_hidden_layers, vis, v_mask)
+            txt = _run(self.encoder.layer, t_start, c.num_hidden_layers, txt, t_mask)
+            text_pooled, image_pooled = self.t_pooler(txt), self.v_pooler(vis)
+            joint = text_pooled * image_pooled if c.fusion_method == "mul" else text_pooled + image_pooled
+        text_mask = text.mask
+        if c.task_specific_tokens:  # drop the task token so text states align with input_ids
+            txt = torch.cat([txt[:, :1], txt[:, 2:]], dim=1)
+            text_mask = torch.cat([text_mask[:, :1], text_mask[:, 2:]], dim=1)
+        return VLOutput(text_states=txt, text_mask=text_mask, image_states=vis, image_mask=image.mask,
+                        text_pooled=text_pooled, image_pooled=image_pooled, joint=joint, image_offset=1)
+
+    def forward(self, batch: VLBatch, task_ids: Tensor | None = None, **kwargs: Any) -> VLOutput:
+        return self.fuse(self.encode_text(batch, task_ids=task_ids), self.encode_image(batch))
+
