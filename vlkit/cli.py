@@ -29,8 +29,10 @@ def compose(command: str, overrides: list[str] | None = None):
     from hydra import compose as hydra_compose, initialize_config_dir
 
     from vlkit.models.base import register_hydra_configs
+    from vlkit.train import register_hydra_configs as register_trainer_configs
 
     register_hydra_configs()
+    register_trainer_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=f"vlkit-{command}"):
         return hydra_compose(config_name=command, overrides=list(overrides or []))
 

@@ -26,7 +26,7 @@ class UniterConfig(ModelConfig):
 
     family = "uniter"
     presets = {
-        "tiny": dict(vocab_size=1000, hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
+        "tiny": dict(vocab_size=1000, hidden_size=64, initializer_range=0.1, num_hidden_layers=4, num_attention_heads=2,
                      intermediate_size=128, max_position_embeddings=64, v_feature_size=256, v_target_size=8),
         "base": {},
         "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),

@@ -31,7 +31,7 @@ class ViLBERTConfig(ModelConfig):
 
     family = "vilbert"
     presets = {
-        "tiny": dict(vocab_size=1000, hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
+        "tiny": dict(vocab_size=1000, hidden_size=64, initializer_range=0.1, num_hidden_layers=4, num_attention_heads=2,
                      intermediate_size=128, max_position_embeddings=64, v_feature_size=256, v_target_size=8,
                      v_hidden_size=64, v_num_hidden_layers=2, v_num_attention_heads=2, v_intermediate_size=64,
                      bi_hidden_size=64, bi_num_attention_heads=2, v_biattention_id=[0, 1], t_biattention_id=[2, 3]),

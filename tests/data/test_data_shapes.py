@@ -1,0 +1,304 @@
+"""The embedded shapes world: determinism, rendering, and that every annotation is true of its scene."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vlkit.data.shapes import (ATTRIBUTES, COLORS, FILES, KINDS, OBJECT_CLASSES, PALETTE, SIZES, ShapesWorld,
+                               shape_mask, shapes_tokenizer, shapes_vocab, write_shapes)
+
+
+NUM_IMAGES = 40  # the size of the `world` fixture
+
+
+def _tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# ---- determinism ----------------------------------------------------------------------------
+def test_same_seed_same_bytes_any_order():
+    a, b = ShapesWorld(seed=7, num_images=30), ShapesWorld(seed=7, num_images=30)
+    order = [13, 2, 29, 0, 13]
+    for i in order:
+        assert a.png_bytes(i) == b.png_bytes(i)
+        assert a.scene(i) == b.scene(i)
+    for i in reversed(order):  # random access: nothing depends on what was generated before
+        assert a.captions(i) == b.captions(i) and a.vqa(i) == b.vqa(i) and a.refexps(i) == b.refexps(i)
+        assert a.nlvr2(i) == b.nlvr2(i) and a.snli_ve(i) == b.snli_ve(i)
+
+
+def test_different_seeds_differ():
+    a, b = ShapesWorld(seed=0, num_images=10), ShapesWorld(seed=1, num_images=10)
+    assert sum(a.png_bytes(i) != b.png_bytes(i) for i in range(10)) >= 9
+
+
+def test_world_size_does_not_change_scenes():
+    assert ShapesWorld(0, 10).scene(3) == ShapesWorld(0, 500).scene(3)
+
+
+def test_make_shapes_cli_matches_in_process_write(tmp_path, shapes_dir):
+    out = tmp_path / "cli"
+    subprocess.run([sys.executable, "-m", "vlkit.cli", "make-shapes", f"out={out}", f"num_images={NUM_IMAGES}",
+                    "seed=0"], check=True, capture_output=True, cwd=Path(__file__).resolve().parents[2])
+    assert _tree_bytes(out) == _tree_bytes(shapes_dir)
+
+
+# ---- scenes and rendering -------------------------------------------------------------------
+def test_label_spaces():
+    assert len(KINDS) >= 5 and 6 <= len(COLORS) <= 8 and SIZES == ("small", "medium", "large")
+    assert OBJECT_CLASSES[0] == "__background__" and OBJECT_CLASSES[1:] == KINDS
+    assert ATTRIBUTES[0] == "__no_attribute__" and ATTRIBUTES[1:] == COLORS + SIZES
+
+
+def test_objects_render_with_tight_boxes_and_stay_visible(world):
+    counts = Counter()
+    for i in range(NUM_IMAGES):
+        scene = world.scene(i)
+        assert 1 <= len(scene.objects) <= 5 and scene.image_id == str(i)
+        pixels = np.asarray(world.image(i))
+        assert pixels.shape == (128, 128, 3)
+        masks = [shape_mask(o.kind, o.box, scene.width, scene.height) for o in scene.objects]
+        for k, (o, mask) in enumerate(zip(scene.objects, masks)):
+            counts[o.kind] += 1
+            ys, xs = np.nonzero(mask)
+            assert (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1) == o.box, "box is not tight"
+            assert OBJECT_CLASSES[o.class_id] == o.kind
+            assert [ATTRIBUTES[a] for a in o.attribute_ids] == [o.color, o.size]
+            side = o.box[2] - o.box[0]
+            assert 14 <= side <= 48
+            visible = mask & ~np.any(masks[k + 1:], axis=0) if k + 1 < len(masks) else mask
+            assert visible.sum() >= 0.6 * mask.sum(), "an object lost more than 40% of its pixels"
+            assert (pixels[visible] == PALETTE[o.color]).all()
+        background = ~np.any(masks, axis=0)
+        assert (pixels[background] == scene.background).all()
+    assert set(counts) == set(KINDS)
+
+
+def test_splits_are_karpathy_style():
+    w = ShapesWorld(0, 100)
+    splits = [w.split(i) for i in range(100)]
+    assert splits == ["train"] * 80 + ["val"] * 10 + ["test"] * 10
+    assert list(w.indices("val")) == list(range(80, 90))
+    with pytest.raises(IndexError, match="out of range"):
+        w.scene(100)
+
+
+# ---- annotations are true of their scenes ---------------------------------------------------
+def _check_question(reader, scene, q, margin):
+    text, answer = q["question"], q["multiple_choice_answer"]
+    if m := re.fullmatch(r"what color is (.+)\?", text):
+        assert reader.resolve(scene, m.group(1), margin).color == answer
+    elif m := re.fullmatch(r"what shape is (.+)\?", text):
+        assert reader.resolve(scene, m.group(1), margin).kind == answer
+    elif m := re.fullmatch(r"how many (.+) are there\?", text):
+        size, color, kind, _ = reader.parse_phrase(m.group(1))
+        assert str(len(reader.matching(scene, size, color, kind))) == answer
+    elif m := re.fullmatch(r"is there (.+)\?", text):
+        size, color, kind, _ = reader.parse_phrase(m.group(1))
+        assert answer == ("yes" if reader.matching(scene, size, color, kind) else "no")
+    elif m := re.fullmatch(r"is (.+?) to the left or to the right of (.+)\?", text):
+        a, b = reader.resolve(scene, m.group(1), margin), reader.resolve(scene, m.group(2), margin)
+        assert abs(a.center[0] - b.center[0]) >= margin
+        assert answer == ("left" if a.center[0] < b.center[0] else "right")
+    elif m := re.fullmatch(r"is (.+?) above or below (.+)\?", text):
+        a, b = reader.resolve(scene, m.group(1), margin), reader.resolve(scene, m.group(2), margin)
+        assert abs(a.center[1] - b.center[1]) >= margin
+        assert answer == ("above" if a.center[1] < b.center[1] else "below")
+    elif m := re.fullmatch(r"is (.+?) (to the left of|to the right of|above|below) (.+)\?", text):
+        a, b = reader.resolve(scene, m.group(1), margin), reader.resolve(scene, m.group(3), margin)
+        axis = 0 if "left" in m.group(2) or "right" in m.group(2) else 1
+        d = a.center[axis] - b.center[axis]
+        assert abs(d) >= margin
+        assert answer == ("yes" if (d < 0) == (m.group(2) in ("to the left of", "above")) else "no")
+    else:
+        pytest.fail(f"unexpected question {text!r}")
+
+
+def test_every_vqa_answer_is_true_of_its_scene(world, reader):
+    qids = set()
+    for i in range(NUM_IMAGES):
+        for q in world.vqa(i):
+            _check_question(reader, world.scene(i), q, world.margin)
+            answers = [a["answer"] for a in q["answers"]]
+            assert len(answers) == 10 and Counter(answers).most_common(1)[0] == (q["multiple_choice_answer"],
+                                                                                  answers.count(q["multiple_choice_answer"]))
+            assert answers.count(q["multiple_choice_answer"]) >= 7
+            assert [a["answer_id"] for a in q["answers"]] == list(range(1, 11))
+            assert q["image_id"] == i and q["answer_type"] in ("yes/no", "number", "other")
+            qids.add(q["question_id"])
+    assert len(qids) == 5 * NUM_IMAGES
+
+
+def test_vqa_needs_the_image():
+    w = ShapesWorld(seed=5, num_images=400)
+    answers = Counter(q["multiple_choice_answer"] for i in range(400) for q in w.vqa(i))
+    total = sum(answers.values())
+    assert answers.most_common(1)[0][1] / total < 0.25
+    kinds = Counter(q["question"].split()[0] + " " + q["question"].split()[1] for i in range(400) for q in w.vqa(i))
+    assert {"what color", "what shape", "how many", "is there", "is the"} <= set(kinds)
+    assert set(COLORS) | set(KINDS) | {"yes", "no", "0", "1", "2"} <= set(answers)
+
+
+def test_every_refexp_box_is_its_objects_box(world, reader):
+    n_refs = 0
+    for i in range(NUM_IMAGES):
+        scene = world.scene(i)
+        for ref in world.refexps(i):
+            n_refs += 1
+            x, y, w, h = ref["bbox"]
+            target = scene.objects[ref["object_index"]]
+            assert (x, y, x + w, y + h) == target.box and ref["category_id"] == target.class_id
+            assert ref["split"] == world.split(i) and 1 <= len(ref["sentences"]) <= 3
+            for sent in ref["sentences"]:
+                assert reader.resolve(scene, sent["sent"], world.margin) is target
+                assert sent["tokens"] == sent["raw"].split()
+    assert n_refs >= NUM_IMAGES
+
+
+def test_captions_are_five_distinct_true_sentences(world, reader):
+    for i in range(NUM_IMAGES):
+        caps = world.captions(i)
+        scene = world.scene(i)
+        assert len(caps) == len(set(caps)) == 5
+        for cap in caps:
+            # every "a/an [size] [color] kind" a caption mentions exists in the scene
+            for m in re.finditer(r"\b(?:a|an) ((?:(?:small|medium|large) )?(?:\w+ )?(?:circle|square|triangle|diamond|cross))\b", cap):
+                size, color, kind, _ = reader.parse_phrase(m.group(1))
+                assert reader.matching(scene, size, color, kind), f"{cap!r} is false of scene {i}"
+            if m := re.match(r"(?:an image with )?(\w+) shapes?", cap):
+                words = ("one", "two", "three", "four", "five")
+                if m.group(1) in words:
+                    assert words.index(m.group(1)) + 1 == len(scene.objects)
+
+
+def test_nlvr2_pairs_and_balanced_labels(reader):
+    w = ShapesWorld(seed=2, num_images=300)
+    labels = Counter()
+    for j in range(300):
+        rec = w.nlvr2(j)
+        left, right = int(rec["left_image"]), int(rec["right_image"])
+        assert left == j and right != j and w.split(right) == w.split(j)
+        assert rec["identifier"].startswith(w.split(j) + "-")
+        labels[rec["label"]] += 1
+        if m := re.fullmatch(r"the (left|right) image contains (a|an) (.+)\.", rec["sentence"]):
+            scene = w.scene(left if m.group(1) == "left" else right)
+            size, color, kind, _ = reader.parse_phrase(m.group(3))
+            assert (rec["label"] == "True") == bool(reader.matching(scene, size, color, kind))
+        if rec["sentence"] == "the left image has more shapes than the right image.":
+            assert (rec["label"] == "True") == (len(w.scene(left).objects) > len(w.scene(right).objects))
+    assert set(labels) == {"True", "False"} and abs(labels["True"] - 150) < 30
+
+
+def test_snli_ve_balanced_and_true(world, reader):
+    labels = Counter()
+    for i in range(NUM_IMAGES):
+        scene = world.scene(i)
+        for rec in world.snli_ve(i):
+            labels[rec["gold_label"]] += 1
+            assert rec["Flickr30K_ID"] == str(i) and rec["sentence1"] in world.captions(i)
+            if m := re.fullmatch(r"there is (a|an) (.+)\.", rec["sentence2"]):
+                size, color, kind, _ = reader.parse_phrase(m.group(2))
+                assert (rec["gold_label"] == "entailment") == bool(reader.matching(scene, size, color, kind))
+            if m := re.fullmatch(r"there is no (.+)\.", rec["sentence2"]):
+                size, color, kind, _ = reader.parse_phrase(m.group(1))
+                assert (rec["gold_label"] == "entailment") == (not reader.matching(scene, size, color, kind))
+    assert labels == {"entailment": NUM_IMAGES, "neutral": NUM_IMAGES, "contradiction": NUM_IMAGES}
+
+
+def test_tokenizer_covers_every_generated_text(world):
+    tok = shapes_tokenizer()
+    vocab = shapes_vocab()
+    assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and len(set(vocab)) == len(vocab)
+    assert tok.pad_token_id == 0 and tok.mask_token_id == 4 and len(tok) == len(vocab)
+    texts = []
+    for i in range(NUM_IMAGES):
+        texts += world.captions(i) + [q["question"] for q in world.vqa(i)]
+        texts += [q["multiple_choice_answer"] for q in world.vqa(i)]
+        texts += [s["sent"] for r in world.refexps(i) for s in r["sentences"]]
+        texts += [world.nlvr2(i)["sentence"]] + [h["sentence2"] for h in world.snli_ve(i)]
+    for text in texts:
+        ids = tok(text)["input_ids"]
+        assert tok.unk_token_id not in ids, text
+        assert ids[0] == tok.cls_token_id and ids[-1] == tok.sep_token_id
+    assert tok("The RED Circle")["input_ids"] == tok("the red circle")["input_ids"]
+
+
+# ---- files on disk --------------------------------------------------------------------------
+def test_written_files_and_manifest(shapes_dir, world):
+    manifest = json.loads((shapes_dir / FILES["manifest"]).read_text())
+    assert manifest["complete"] and manifest["params"] == {"seed": 0, "num_images": NUM_IMAGES, "image_size": 128}
+    for rel, digest in manifest["files"].items():
+        assert hashlib.sha256((shapes_dir / rel).read_bytes()).hexdigest() == digest
+    written = {str(p.relative_to(shapes_dir)) for p in shapes_dir.rglob("*") if p.is_file()}
+    assert written == set(manifest["files"]) | {FILES["manifest"]}
+    assert (shapes_dir / "images" / "3.png").read_bytes() == world.png_bytes(3)
+    for split in ("train", "val", "test"):
+        for key in ("vqa_questions", "vqa_annotations", "nlvr2", "snli_ve"):
+            assert FILES[key].format(split=split) in manifest["files"]
+    assert manifest["counts"]["images"] == {"train": 32, "val": 4, "test": 4}
+    assert (shapes_dir / FILES["vocab"]).read_text().split("\n")[:-1] == shapes_vocab()
+    boxes = json.loads((shapes_dir / FILES["boxes"]).read_text())
+    assert boxes["classes"] == list(OBJECT_CLASSES)
+    assert [tuple(b) for b in boxes["images"][5]["boxes"]] == [o.box for o in world.scene(5).objects]
+
+
+class _Renders:
+    """Counts (and optionally interrupts) the renders of a world."""
+
+    def __init__(self, world, fail_at=None):
+        self.calls, self.fail_at, self._png = 0, fail_at, world.png_bytes
+        world.png_bytes = self
+
+    def __call__(self, i):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise KeyboardInterrupt
+        return self._png(i)
+
+
+def test_rerun_skips_complete_files_and_resumes_after_interruption(tmp_path, shapes_dir):
+    out = tmp_path / "resume"
+    world = ShapesWorld(seed=0, num_images=NUM_IMAGES)
+    renders = _Renders(world, fail_at=25)
+    with pytest.raises(KeyboardInterrupt):
+        write_shapes(world, out, flush_every=10)
+    partial = json.loads((out / FILES["manifest"]).read_text())
+    assert not partial["complete"] and len(partial["files"]) == 20
+    assert not list(out.rglob("*.tmp")), "an interrupted write left a temporary file"
+
+    world2 = ShapesWorld(seed=0, num_images=NUM_IMAGES)
+    renders = _Renders(world2)
+    write_shapes(world2, out, flush_every=10)
+    assert renders.calls == NUM_IMAGES - 20
+    assert _tree_bytes(out) == _tree_bytes(shapes_dir)
+
+    (out / "images" / "7.png").unlink()
+    (out / "images" / "8.png").write_bytes(b"corrupt")
+    world3 = ShapesWorld(seed=0, num_images=NUM_IMAGES)
+    renders = _Renders(world3)
+    write_shapes(world3, out)
+    assert renders.calls == 2
+    assert _tree_bytes(out) == _tree_bytes(shapes_dir)
+
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    world4 = ShapesWorld(seed=0, num_images=NUM_IMAGES)
+    renders = _Renders(world4)
+    assert write_shapes(world4, out)["complete"]
+    assert renders.calls == 0 and stamps == {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+
+
+def test_other_params_refuse_to_overwrite(tmp_path):
+    out = tmp_path / "w"
+    write_shapes(ShapesWorld(seed=0, num_images=12), out)
+    before = _tree_bytes(out)
+    with pytest.raises(ValueError, match=r"manifest\.json.*seed"):
+        write_shapes(ShapesWorld(seed=1, num_images=12), out)
+    assert _tree_bytes(out) == before

@@ -1,0 +1,238 @@
+"""Issue 3: every objective on every compatible family, the mixture's sampling and masking policies,
+YAML presets, and a tiny model overfitting 16 pairs with each family's own recipe."""
+import collections
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import vlkit
+from vlkit.objectives import IncompatibleObjective, build_objective, build_pretraining, load_mix
+from vlkit.objectives.mix import PRESET_DIR, Pretraining
+
+COMPATIBLE = {
+    "mlm": ("vilbert", "uniter", "meter"), "itm": ("vilbert", "uniter", "meter"),
+    "mrfr": ("uniter",), "mrc": ("vilbert", "uniter"), "mrc_kl": ("vilbert", "uniter"),
+    "wra": ("vilbert", "uniter", "meter"), "mim": ("meter",),
+}
+VIEW_OF = {"mlm": "text", "mrfr": "regions", "mrc": "regions", "mrc_kl": "regions", "mim": "patches"}
+
+
+def test_objectives_are_registered():
+    assert set(COMPATIBLE) <= set(vlkit.list_objectives())
+
+
+@pytest.mark.parametrize("name,family", [(n, f) for n, fams in COMPATIBLE.items() for f in fams])
+def test_objective_loss_is_finite_and_backpropagates(name, family, build_tiny):
+    model = build_tiny(family).train()
+    options = {"ratio": 1}
+    if name == "wra":
+        mix = {"sampling": "sum", "objectives": {"itm": {"wra": {"weight": 0.1}}}}
+    else:
+        mix = {"sampling": "sum", "objectives": {name: options}}
+    pre = Pretraining(model, mix)
+    out = pre(model.example_batch(batch_size=4), step=0)
+    assert torch.isfinite(out.loss) and out.metrics[f"objective/{name}"] == 1.0
+    out.loss.backward()
+    head_grads = [p.grad for p in pre.objectives[name].parameters() if p.requires_grad]
+    assert all(g is not None for g in head_grads)
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+@pytest.mark.parametrize("name,family,match", [
+    ("mrc", "meter", "needs region features"), ("mrfr", "meter", "needs region features"),
+    ("mim", "uniter", "masks image patches"), ("mim", "vilbert", "masks image patches"),
+])
+def test_impossible_pairings_are_refused_at_build(name, family, match, build_tiny):
+    with pytest.raises(IncompatibleObjective, match=match):
+        build_objective(name, build_tiny(family))
+    with pytest.raises(IncompatibleObjective, match="objective mix"):
+        Pretraining(build_tiny(family), {"objectives": {name: {}}})
+
+
+def test_wra_refused_when_streams_differ_in_width():
+    with torch.device("meta"):
+        model = vlkit.build_model("vilbert", preset="base")
+    with pytest.raises(IncompatibleObjective, match="different spaces"):
+        build_objective("wra", model)
+
+
+def test_unknown_option_and_key_errors_name_them(build_tiny):
+    with pytest.raises(TypeError, match="no option.*colour"):
+        build_objective("itm", build_tiny("uniter"), colour=1)
+    with pytest.raises(KeyError, match="unknown key.*sample"):
+        load_mix({"sample": "sum", "objectives": {"mlm": {}}})
+    with pytest.raises(FileNotFoundError, match="presets: .*uniter"):
+        load_mix("no-such-mix")
+
+
+def test_family_defaults_and_label_conventions(build_tiny):
+    itm_v = build_objective("itm", build_tiny("vilbert"))
+    itm_u = build_objective("itm", build_tiny("uniter"))
+    itm_m = build_objective("itm", build_tiny("meter"))
+    assert (itm_v.match_index, itm_v.negatives) == (0, "text")
+    assert (itm_u.match_index, itm_u.split) == (1, "bernoulli") and itm_m.split == "half"
+    assert build_objective("mrc_kl", build_tiny("vilbert")).reduction == "per_region"
+    assert build_objective("mrc_kl", build_tiny("uniter")).reduction == "mean"
+
+
+def test_mlm_decoder_tied_for_vilbert_uniter_untied_for_meter(build_tiny):
+    for family, tied in (("vilbert", True), ("uniter", True), ("meter", False)):
+        model = build_tiny(family)
+        mlm = build_objective("mlm", model)
+        assert (mlm.predictions.decoder.weight is model.get_input_embeddings().weight) == tied
+
+
+def test_mrfr_head_is_tied_to_the_region_projection(build_tiny):
+    model = build_tiny("uniter")
+    mrfr = build_objective("mrfr", model)
+    assert mrfr.weight is model.img_embeddings.img_linear.weight
+
+
+def test_meter_itm_mismatches_exactly_half(build_tiny):
+    model = build_tiny("meter")
+    itm = build_objective("itm", model)
+    batch = model.example_batch(batch_size=7)
+    batch = batch.replace(image_ids=[str(i) for i in range(7)])
+    mixed, match = itm.make_pairs(batch, torch.Generator().manual_seed(0))
+    assert int((~match).sum()) == 7 - 7 // 2
+    changed = (mixed.pixel_values - batch.pixel_values).flatten(1).abs().sum(1) > 0
+    assert changed.tolist() == (~match).tolist()
+
+
+def test_vilbert_itm_replaces_captions(build_tiny):
+    model = build_tiny("vilbert")
+    itm = build_objective("itm", model)
+    batch = model.example_batch(batch_size=8)
+    mixed, match = itm.make_pairs(batch, torch.Generator().manual_seed(1))
+    assert torch.equal(mixed.region_feats, batch.region_feats)
+    assert ((mixed.input_ids != batch.input_ids).any(1) == ~match).all()
+
+
+def _pass_masks(pre, batch, step):
+    """(text masked rows, region masked rows) for each pass of a step."""
+    g = torch.Generator().manual_seed(step)
+    for views, _ in pre.plan(pre.active_units(step)):
+        _, ctx = pre.corrupt(batch, views, g)
+        text = (ctx.mlm_labels != -100).any(1) if ctx.mlm_labels is not None else torch.zeros(batch.batch_size, dtype=torch.bool)
+        regions = ctx.region_masked.any(1) if ctx.region_masked is not None else torch.zeros(batch.batch_size, dtype=torch.bool)
+        yield text, regions
+
+
+@pytest.mark.parametrize("preset", ["uniter", "uniter_mlm_itm_mrfr_mrc_kl"])
+def test_conditional_masking_never_masks_both_modalities(preset, build_tiny):
+    model = build_tiny("uniter")
+    pre = build_pretraining(model, preset)
+    batch = model.example_batch(batch_size=6)
+    for step in range(40):
+        for text, regions in _pass_masks(pre, batch, step):
+            assert not (text & regions).any()
+
+
+def test_joint_masking_masks_both_in_some_samples(build_tiny):
+    model = build_tiny("uniter")
+    pre = build_pretraining(model, "uniter_joint")
+    batch = model.example_batch(batch_size=6)
+    both = sum(int((t & r).sum()) for step in range(20) for t, r in _pass_masks(pre, batch, step))
+    assert both > 0
+    vilbert = build_tiny("vilbert")
+    pre = build_pretraining(vilbert, "vilbert")
+    both = sum(int((t & r).sum()) for step in range(5) for t, r in _pass_masks(pre, vilbert.example_batch(6), step))
+    assert both > 0
+
+
+def test_masking_never_mutates_the_input_batch(build_tiny):
+    model = build_tiny("vilbert")
+    pre = build_pretraining(model, "vilbert")
+    batch = model.example_batch(batch_size=4)
+    before = {k: v.clone() for k, v in vars(batch).items() if isinstance(v, torch.Tensor)}
+    pre(batch, step=0).loss.backward()
+    for k, v in before.items():
+        assert torch.equal(getattr(batch, k), v), k
+
+
+def test_per_batch_sampling_matches_ratios_and_is_rank_independent(build_tiny):
+    model = build_tiny("uniter")
+    rank0 = build_pretraining(model, "uniter", seed=3)
+    rank1 = build_pretraining(build_tiny("uniter"), "uniter", seed=3)
+    n = 4000
+    draws0 = [rank0.active_units(s)[0].name for s in range(n)]
+    torch.manual_seed(123)  # global RNG state must not matter
+    import random
+    random.seed(99)
+    draws1 = [rank1.active_units(s)[0].name for s in range(n)]
+    assert draws0 == draws1
+    counts = collections.Counter(draws0)
+    ratios = {"itm": 30, "mlm": 40, "mrfr": 20, "mrc_kl": 20}
+    observed = [counts[k] for k in ratios]
+    expected = [n * r / 110 for r in ratios.values()]
+    assert chisquare(observed, expected).pvalue > 0.001
+    # a different seed draws a different sequence
+    other = build_pretraining(model, "uniter", seed=4)
+    assert [other.active_units(s)[0].name for s in range(50)] != draws0[:50]
+
+
+def test_wra_rides_on_the_itm_unit(build_tiny):
+    pre = build_pretraining(build_tiny("uniter"), "uniter")
+    step = next(s for s in range(100) if pre.active_units(s)[0].name == "itm")
+    out = pre(pre.model.example_batch(batch_size=4), step=step)
+    assert out.metrics["objective/itm"] == 1.0 and out.metrics["objective/wra"] == 1.0
+    assert "wra/ot_pos" in out.metrics
+
+
+def test_meter_sum_runs_two_passes(build_tiny):
+    model = build_tiny("meter")
+    pre = build_pretraining(model, "meter")
+    passes = pre.plan(pre.active_units(0))
+    assert [sorted(v) for v, _ in passes] == [["text"], ["pairs"]]
+    calls = []
+    model.register_forward_hook(lambda *a: calls.append(1))
+    pre(model.example_batch(batch_size=4), step=0)
+    assert len(calls) == 2
+
+
+def test_every_preset_loads_and_builds(build_tiny):
+    presets = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+    assert {"vilbert", "uniter", "meter", "uniter_mlm_itm", "uniter_joint", "meter_mim_inbatch",
+            "meter_mim_discrete"} <= set(presets)
+    for preset in presets:
+        family = preset.split("_")[0]
+        pre = build_pretraining(build_tiny(family), preset)
+        assert len(pre.units) >= 1
+
+
+def _pairs(model, n=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    batch = model.example_batch(batch_size=n, seed=seed, text_len=8, num_regions=6)
+    ids = torch.randint(5, 60, (n, 8), generator=g)
+    ids[:, 0], ids[:, -1] = 101, 102
+    feats = torch.randn(batch.region_feats.shape, generator=g) if batch.has_regions else None
+    pixels = torch.randn(batch.pixel_values.shape, generator=g) if batch.has_pixels else None
+    return batch.replace(input_ids=ids, attention_mask=torch.ones_like(ids), region_feats=feats, pixel_values=pixels,
+                         region_mask=torch.ones_like(batch.region_mask) if batch.has_regions else None,
+                         image_ids=[f"img{i}" for i in range(n)])
+
+
+@pytest.mark.parametrize("family", ["vilbert", "uniter", "meter"])
+def test_tiny_model_overfits_16_pairs_with_its_own_recipe(family, build_tiny):
+    torch.manual_seed(0)
+    model = build_tiny(family, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0) if family != "meter" \
+        else build_tiny(family, drop_rate=0.0)
+    pre = build_pretraining(model, family, seed=0).train()
+    batch = _pairs(model)
+    opt = torch.optim.AdamW(pre.parameters(), lr=1e-3)
+    for step in range({"vilbert": 400, "uniter": 500, "meter": 300}[family]):
+        opt.zero_grad()
+        pre(batch, step=step).loss.backward()
+        opt.step()
+    pre.eval()
+    mlm, itm = [], []
+    with torch.no_grad():
+        for step in range(1000, 1030):
+            m = pre(batch, step=step).metrics
+            if "mlm/acc" in m:
+                mlm.append(float(m["mlm/acc"]))
+            if "itm/acc" in m:
+                itm.append(float(m["itm/acc"]))
+    assert sum(mlm) / len(mlm) > 0.9, mlm
+    assert sum(itm) / len(itm) > 0.9, itm

@@ -1,0 +1,372 @@
+"""Image-text pair datasets over Hugging Face `datasets`, image sources and the `VLCollator`.
+
+An example is a dict: ``id``, ``image_id``, ``input_ids`` [T] and the image side from an image
+source (``region_feats`` [K, D], ``region_boxes`` [K, 4] normalised xyxy, optional
+``region_soft_labels`` [K, C], ``image_size`` [2] (h, w); or ``pixel_values`` [3, H, W]); task
+datasets add a ``targets`` dict. `VLCollator` turns a list of them into a `VLBatch`.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from vlkit.data import formats
+from vlkit.registry import register_dataset
+from vlkit.types import VLBatch
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+
+
+# --------------------------------------------------------------------------------------------
+# Image sources: image_id -> the image fields of an example
+# --------------------------------------------------------------------------------------------
+class RegionSource:
+    """Regions of a `vlkit.features.store.FeatureStore` (or its path).
+
+    The number of boxes is chosen at load time: ``num_bb`` fixed, else UNITER's
+    ``min(max_bb, max(min_bb, #(conf > conf_th)))``. Boxes are normalised by the image w / h.
+    """
+
+    def __init__(self, store: Any, num_bb: int | None = None, conf_th: float = 0.2, max_bb: int = 100,
+                 min_bb: int = 10, soft_labels: bool = True):
+        if isinstance(store, (str, os.PathLike)):
+            from vlkit.features.store import FeatureStore
+
+            store = FeatureStore(store)
+        self.store = store
+        self.load_kwargs = {"num_bb": num_bb, "conf_th": conf_th, "max_bb": max_bb, "min_bb": min_bb}
+        self.soft_labels = soft_labels
+        self._units: dict[str, int] = {}
+
+    def __call__(self, image_id: str) -> dict[str, Tensor]:
+        r = self.store.load(image_id, **self.load_kwargs)
+        self._units[image_id] = len(r.features)
+        scale = torch.tensor([r.image_w, r.image_h, r.image_w, r.image_h], dtype=torch.float32)
+        out = {"region_feats": torch.as_tensor(r.features, dtype=torch.float32),
+               "region_boxes": torch.as_tensor(r.boxes, dtype=torch.float32) / scale,
+               "image_size": torch.tensor([r.image_h, r.image_w], dtype=torch.long)}
+        if self.soft_labels and r.cls_prob is not None:
+            out["region_soft_labels"] = torch.as_tensor(r.cls_prob, dtype=torch.float32)
+        return out
+
+    def units(self, image_id: str) -> int:
+        """Number of regions this image contributes (cached)."""
+        if image_id not in self._units:
+            self._units[image_id] = len(self.store.load(image_id, **self.load_kwargs).features)
+        return self._units[image_id]
+
+
+class FolderImages:
+    """``image_id`` -> PIL image of ``root/**/<image_id>.<ext>`` (the folder is indexed once)."""
+
+    def __init__(self, root: str | os.PathLike, extensions: Sequence[str] = IMAGE_EXTENSIONS):
+        self.root, self.extensions = Path(root), tuple(e.lower() for e in extensions)
+        self._index: dict[str, Path] | None = None
+
+    def _build_index(self) -> dict[str, Path]:
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"image folder {self.root} does not exist")
+        index: dict[str, Path] = {}
+        for path in sorted(self.root.rglob("*")):
+            if path.suffix.lower() in self.extensions:
+                if path.stem in index:
+                    raise ValueError(f"image folder {self.root}: two images are named {path.stem!r} "
+                                     f"({index[path.stem]} and {path})")
+                index[path.stem] = path
+        return index
+
+    def __call__(self, image_id: str):
+        from PIL import Image
+
+        if self._index is None:
+            self._index = self._build_index()
+        if image_id not in self._index:
+            raise KeyError(f"image {image_id!r} is not in {self.root} (extensions {', '.join(self.extensions)})")
+        with Image.open(self._index[image_id]) as img:
+            return img.convert("RGB")
+
+
+def _to_tensor(image) -> Tensor:
+    from torchvision.transforms.functional import to_tensor
+
+    return to_tensor(image)
+
+
+class PixelSource:
+    """Pixels: ``load(image_id)`` -> PIL image, then ``transform`` (PIL -> float [3, H, W]).
+
+    ``units`` (for batching by input units) is the patch count ``(H // patch_size) *
+    (W // patch_size)`` of the first transformed image: pixel pipelines produce one fixed size.
+    """
+
+    def __init__(self, load: Callable[[str], Any], transform: Callable[[Any], Tensor] | None = None,
+                 patch_size: int = 16):
+        self.load, self.transform, self.patch_size = load, transform or _to_tensor, patch_size
+        self._units: int | None = None
+
+    def __call__(self, image_id: str) -> dict[str, Tensor]:
+        pixels = self.transform(self.load(image_id))
+        if not isinstance(pixels, Tensor) or pixels.dim() != 3:
+            raise TypeError(f"image {image_id!r}: the transform must return a [3, H, W] tensor, got "
+                            f"{getattr(pixels, 'shape', type(pixels))}")
+        if self._units is None:
+            self._units = (pixels.shape[1] // self.patch_size) * (pixels.shape[2] // self.patch_size)
+        return {"pixel_values": pixels}
+
+    def units(self, image_id: str) -> int:
+        if self._units is None:
+            self(image_id)
+        return self._units
+
+
+def build_transform(size: int | None = None, mean: Sequence[float] | None = None,
+                    std: Sequence[float] | None = None) -> Callable[[Any], Tensor]:
+    """PIL -> float tensor: optional square resize (bicubic), then [0, 1] scaling, then optional normalisation."""
+    from torchvision import transforms as T
+
+    steps = [T.Resize((size, size), interpolation=T.InterpolationMode.BICUBIC)] if size else []
+    steps.append(T.ToTensor())
+    if mean is not None:
+        steps.append(T.Normalize(list(mean), list(std)))
+    return T.Compose(steps)
+
+
+# --------------------------------------------------------------------------------------------
+# The dataset
+# --------------------------------------------------------------------------------------------
+class ImageTextPairs(torch.utils.data.Dataset):
+    """Captions tokenised as ``[CLS] caption [SEP]`` (any HF tokenizer) paired with an image source.
+
+    ``max_len`` counts the special tokens. Over-long captions are truncated by default; with
+    ``filter_long=True`` they are dropped instead, as UNITER does (its ``max_txt_len`` excludes
+    [CLS]/[SEP], so UNITER's 60 is ``max_len=62`` here).
+    """
+
+    def __init__(self, records: Any, tokenizer: Any, image_source: Any, max_len: int = 62,
+                 filter_long: bool = False):
+        import datasets
+
+        data = records if isinstance(records, datasets.Dataset) else datasets.Dataset.from_list(list(records))
+        if len(data) == 0:
+            raise ValueError("ImageTextPairs: no records (is the split empty?)")
+        missing = {"id", "image_id", "caption"} - set(data.column_names)
+        if missing:
+            raise KeyError(f"ImageTextPairs: records lack {', '.join(sorted(missing))} (have {data.column_names})")
+        if max_len < 3:
+            raise ValueError(f"ImageTextPairs: max_len={max_len} leaves no room for a caption")
+        ids = tokenizer(list(data["caption"]), truncation=not filter_long,
+                        max_length=None if filter_long else max_len)["input_ids"]
+        if filter_long:
+            keep = [k for k, x in enumerate(ids) if len(x) <= max_len]
+            data, ids = data.select(keep), [ids[k] for k in keep]
+        if len(data) == 0:
+            raise ValueError(f"ImageTextPairs: every caption is longer than max_len={max_len}")
+        self.data = data.add_column("input_ids", ids)
+        self.tokenizer, self.image_source = tokenizer, image_source
+        self.max_len, self.filter_long = max_len, filter_long
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        row = self.data[int(i)]
+        example = {"id": str(row["id"]), "image_id": str(row["image_id"]),
+                   "input_ids": torch.tensor(row["input_ids"], dtype=torch.long)}
+        example.update(self.image_source(example["image_id"]))
+        return example
+
+    def lengths(self) -> list[tuple[int, int]]:
+        """(text tokens, image units) per example, for `vlkit.data.batching`."""
+        return [(len(ids), self.image_source.units(str(iid)))
+                for ids, iid in zip(self.data["input_ids"], self.data["image_id"])]
+
+    def collator(self, **kwargs: Any) -> "VLCollator":
+        return VLCollator(pad_token_id=self.tokenizer.pad_token_id or 0, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# Collation
+# --------------------------------------------------------------------------------------------
+def pad_stack(tensors: Sequence[Tensor], value: float = 0) -> Tensor:
+    """Stack tensors of equal rank, padding every dimension up to the largest with ``value``."""
+    shape = [max(t.shape[d] for t in tensors) for d in range(tensors[0].dim())]
+    out = tensors[0].new_full((len(tensors), *shape), value)
+    for k, t in enumerate(tensors):
+        out[(k, *(slice(0, n) for n in t.shape))] = t
+    return out
+
+
+def _lengths_mask(lengths: Sequence[int]) -> Tensor:
+    return torch.arange(max(lengths, default=0))[None, :] < torch.tensor(lengths)[:, None]
+
+
+class VLCollator:
+    """List of examples -> `VLBatch`: pads text (``pad_token_id``) and regions (zeros, mask 0),
+    stacks pixels, ``image_size``. ``targets`` dicts are merged key by key: tensors are stacked
+    (padded with ``target_pad_values[key]``, default 0, when their shapes differ), numbers become
+    a tensor, anything else is kept as a list."""
+
+    def __init__(self, pad_token_id: int = 0, target_pad_values: Mapping[str, float] | None = None):
+        self.pad_token_id = pad_token_id
+        self.target_pad_values = dict(target_pad_values or {})
+
+    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> VLBatch:
+        if not examples:
+            raise ValueError("VLCollator: empty list of examples")
+        ids = [str(e.get("id", k)) for k, e in enumerate(examples)]
+        self._check_same_fields(examples, ids)
+        text = [torch.as_tensor(e["input_ids"], dtype=torch.long) for e in examples]
+        fields: dict[str, Any] = {
+            "input_ids": pad_stack(text, self.pad_token_id),
+            "attention_mask": pad_stack([torch.as_tensor(e["attention_mask"], dtype=torch.long)
+                                         if "attention_mask" in e else torch.ones(len(t), dtype=torch.long)
+                                         for e, t in zip(examples, text)]),
+            "ids": ids, "image_ids": [str(e["image_id"]) if "image_id" in e else None for e in examples],
+        }
+        if fields["image_ids"][0] is None:
+            fields["image_ids"] = None
+        first = examples[0]
+        if "region_feats" in first:
+            fields["region_feats"] = pad_stack([e["region_feats"] for e in examples])
+            fields["region_boxes"] = pad_stack([e["region_boxes"] for e in examples])
+            fields["region_mask"] = _lengths_mask([len(e["region_feats"]) for e in examples]).long()
+            if "region_soft_labels" in first:
+                fields["region_soft_labels"] = pad_stack([e["region_soft_labels"] for e in examples])
+        if "image_size" in first:
+            fields["image_size"] = torch.stack([torch.as_tensor(e["image_size"]) for e in examples])
+        if "pixel_values" in first:
+            shapes = {tuple(e["pixel_values"].shape) for e in examples}
+            if len(shapes) > 1:
+                raise ValueError("VLCollator: pixel_values of different sizes in one batch: "
+                                 + ", ".join(f"{i}: {tuple(e['pixel_values'].shape)}" for i, e in zip(ids, examples)))
+            fields["pixel_values"] = torch.stack([e["pixel_values"] for e in examples])
+        if "targets" in first:
+            fields["targets"] = self._targets([e["targets"] for e in examples], ids)
+        return VLBatch(**fields)
+
+    @staticmethod
+    def _check_same_fields(examples: Sequence[Mapping[str, Any]], ids: list[str]) -> None:
+        keys = set(examples[0])
+        for i, e in zip(ids, examples):
+            if "input_ids" not in e:
+                raise KeyError(f"VLCollator: example {i!r} has no input_ids")
+            if set(e) != keys:
+                raise KeyError(f"VLCollator: example {i!r} has fields {sorted(e)}, example {ids[0]!r} has {sorted(keys)}")
+
+    def _targets(self, targets: Sequence[Mapping[str, Any]], ids: list[str]) -> dict[str, Any]:
+        keys = list(targets[0])
+        out = {}
+        for i, t in zip(ids, targets):
+            if set(t) != set(keys):
+                raise KeyError(f"VLCollator: example {i!r} has targets {sorted(t)}, example {ids[0]!r} has {sorted(keys)}")
+        for key in keys:
+            values = [t[key] for t in targets]
+            if all(isinstance(v, Tensor) for v in values):
+                ranks = {v.dim() for v in values}
+                if len(ranks) > 1:
+                    raise ValueError(f"VLCollator: target {key!r} has tensors of ranks {sorted(ranks)} in one batch")
+                out[key] = pad_stack(values, self.target_pad_values.get(key, 0))
+            elif all(isinstance(v, (bool, int, float)) for v in values):
+                out[key] = torch.tensor(values)
+            else:
+                out[key] = list(values)
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# Registered datasets: `data=<name>` in YAML -> DATASETS.get(name)(cfg) -> ImageTextPairs
+# --------------------------------------------------------------------------------------------
+def build_tokenizer(name: str):
+    """``"shapes"`` -> the shapes world's tokenizer; anything else -> ``AutoTokenizer.from_pretrained``."""
+    if name == "shapes":
+        from vlkit.data.shapes import shapes_tokenizer
+
+        return shapes_tokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name)
+
+
+def build_image_source(cfg: Mapping[str, Any], world: Any = None):
+    """An image source from the ``image`` block of a data config (see ``conf/data/*.yaml``)."""
+    kind = cfg.get("source", "features")
+    if kind == "features":
+        if not cfg.get("path"):
+            raise ValueError("data.image.path must name a feature store (.h5) when data.image.source=features")
+        return RegionSource(cfg["path"], num_bb=cfg.get("num_bb"), conf_th=cfg.get("conf_th", 0.2),
+                            max_bb=cfg.get("max_bb", 100), min_bb=cfg.get("min_bb", 10))
+    transform = build_transform(cfg.get("size"), cfg.get("mean"), cfg.get("std"))
+    if kind == "folder":
+        if not cfg.get("path"):
+            raise ValueError("data.image.path must name an image folder when data.image.source=folder")
+        return PixelSource(FolderImages(cfg["path"]), transform, cfg.get("patch_size", 16))
+    if kind == "shapes":
+        if world is None:
+            raise ValueError("data.image.source=shapes only works with data=shapes")
+        return PixelSource(world.load_image, transform, cfg.get("patch_size", 16))
+    raise ValueError(f"unknown data.image.source {kind!r}; use features, folder or shapes")
+
+
+def build_pairs(cfg: Mapping[str, Any], records: Iterable[dict], world: Any = None) -> ImageTextPairs:
+    """`ImageTextPairs` over ``records`` with the tokenizer, lengths and image source of ``cfg``."""
+    return ImageTextPairs(list(records), build_tokenizer(cfg.get("tokenizer", "shapes")),
+                          build_image_source(cfg.get("image", {}), world),
+                          max_len=cfg.get("max_len", 62), filter_long=cfg.get("filter_long", False))
+
+
+def _split_list(split: Any) -> list[str]:
+    return [split] if isinstance(split, str) else list(split)
+
+
+@register_dataset("shapes")
+def shapes_pairs(cfg: Mapping[str, Any]) -> ImageTextPairs:
+    """Captions of the embedded shapes world (5 per image) for ``cfg.split``, images rendered on the fly."""
+    from vlkit.data.shapes import ShapesWorld
+
+    world = ShapesWorld(cfg.get("seed", 0), cfg.get("num_images", 2000), cfg.get("image_size", 128))
+    records = [{"id": f"{i}#{k}", "image_id": world.image_id(i), "caption": c}
+               for split in _split_list(cfg.get("split", "train")) for i in world.indices(split)
+               for k, c in enumerate(world.captions(i))]
+    return build_pairs(cfg, records, world)
+
+
+@register_dataset("coco")
+def coco_pairs(cfg: Mapping[str, Any]) -> ImageTextPairs:
+    """COCO captions from the Karpathy json (``cfg.path``), splits ``cfg.split``."""
+    return build_pairs(cfg, formats.read_karpathy(cfg["path"], _split_list(cfg.get("split", "train")),
+                                                  cfg.get("image_id", "stem")))
+
+
+@register_dataset("flickr30k")
+def flickr30k_pairs(cfg: Mapping[str, Any]) -> ImageTextPairs:
+    """Flickr30k captions from ``dataset_flickr30k.json`` (``cfg.path``), splits ``cfg.split``."""
+    return coco_pairs(cfg)
+
+
+@register_dataset("cc")
+def cc_pairs(cfg: Mapping[str, Any]) -> ImageTextPairs:
+    """Conceptual Captions tsv (``cfg.path``); image ids by ``cfg.image_id`` (index | hash)."""
+    return build_pairs(cfg, formats.read_cc_tsv(cfg["path"], cfg.get("image_id", "index"),
+                                                tuple(cfg.get("columns", ("caption", "url")))))
+
+
+@register_dataset("sbu")
+def sbu_pairs(cfg: Mapping[str, Any]) -> ImageTextPairs:
+    """SBU captions (``cfg.captions`` + ``cfg.urls``)."""
+    return build_pairs(cfg, formats.read_sbu(cfg["captions"], cfg["urls"], cfg.get("image_id", "index")))
+
+
+@register_dataset("vg")
+def vg_pairs(cfg: Mapping[str, Any]) -> ImageTextPairs:
+    """Visual Genome region descriptions (``cfg.path``) as image-level captions."""
+    return build_pairs(cfg, formats.read_vg_regions(cfg["path"]))
+
+
+@register_dataset("jsonl")
+def jsonl_pairs(cfg: Mapping[str, Any]) -> ImageTextPairs:
+    """Any JSON lines of ``{image_id, caption}`` (``cfg.path``)."""
+    return build_pairs(cfg, formats.read_caption_jsonl(cfg["path"]))

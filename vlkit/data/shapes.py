@@ -1,0 +1,893 @@
+"""The embedded default world: procedurally generated scenes of coloured shapes with captions,
+VQA questions, referring expressions, NLVR2-style statements and SNLI-VE-style hypotheses.
+
+Everything is a pure function of ``(seed, index)``: each kind of annotation draws from its own
+``numpy.random.default_rng((seed, stream, index))`` stream, so any item can be built on its own.
+Image ids are the decimal image index (``"0"``, ``"1"``, ...), as Flickr30K ids are plain numbers;
+integer-id formats (COCO, VQA) store ``int(image_id)``.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from vlkit.io import atomic_path, atomic_write_text
+
+KINDS: tuple[str, ...] = ("circle", "square", "triangle", "diamond", "cross")
+COLORS: tuple[str, ...] = ("red", "orange", "yellow", "green", "cyan", "blue", "purple")
+SIZES: tuple[str, ...] = ("small", "medium", "large")
+OBJECT_CLASSES: tuple[str, ...] = ("__background__",) + KINDS
+ATTRIBUTES: tuple[str, ...] = ("__no_attribute__",) + COLORS + SIZES
+SPLITS: tuple[str, ...] = ("train", "val", "test")
+
+PALETTE: dict[str, tuple[int, int, int]] = {
+    "red": (220, 40, 40), "orange": (245, 140, 20), "yellow": (240, 220, 40), "green": (40, 180, 60),
+    "cyan": (40, 210, 220), "blue": (40, 80, 230), "purple": (150, 60, 200),
+}
+# Side of a shape's square box in pixels at 128 px images, per size class (inclusive ranges).
+_EXTENTS = {"small": (14, 20), "medium": (24, 32), "large": (38, 48)}
+_BASE_SIZE = 128
+_MIN_VISIBLE = 0.6  # fraction of its own pixels every object keeps after later objects are drawn
+_PLACEMENT_TRIES = 60
+_MARGIN = 8  # px at 128: centre distance that makes a spatial relation unambiguous
+
+_PLURAL = {"circle": "circles", "square": "squares", "triangle": "triangles", "diamond": "diamonds",
+           "cross": "crosses", "shape": "shapes", "object": "objects"}
+_NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+_POSITIONS = {"left": "on the left", "right": "on the right", "top": "at the top", "bottom": "at the bottom"}
+_RELATIONS = {"left": "to the left of", "right": "to the right of", "above": "above", "below": "below"}
+_STREAMS = {"scene": 1, "captions": 2, "vqa": 3, "refexp": 4, "nlvr2": 5, "snli_ve": 6, "nlvr2_pair": 7}
+
+# Text templates. Every literal word of the world's language appears in one of the tuples below
+# (or in the constants above), which is how `shapes_tokenizer` builds its closed vocabulary.
+_CAPTION_TEMPLATES = (
+    "{n} {things}: {listing}.",
+    "an image with {n} {things}.",
+    "a picture of {listing}.",
+    "{listing} on a dark background.",
+    "{a_obj}.",
+    "a drawing of {a_obj}.",
+    "there is {a_obj} in the picture.",
+    "{a_obj} {relation} {b_obj}.",
+    "there {be} {n} {things} in the image.",
+    "the largest shape is {a_obj}.",
+    "the smallest shape is {a_obj}.",
+)
+_VQA_TEMPLATES = {
+    "color": "what color is {ref}?",
+    "shape": "what shape is {ref}?",
+    "count": "how many {things} are there?",
+    "exist": "is there {a_obj}?",
+    "relation": "is {ref} {relation} {ref2}?",
+    "side_h": "is {ref} to the left or to the right of {ref2}?",
+    "side_v": "is {ref} above or below {ref2}?",
+}
+_NLVR2_TEMPLATES = {
+    "count_side": "the {side} image contains exactly {count}.",
+    "has_side": "the {side} image contains {a_obj}.",
+    "both": "both images contain {a_obj}.",
+    "total": "the two images contain {count} in total.",
+    "more": "the left image has more shapes than the right image.",
+    "fewer": "the left image has fewer shapes than the right image.",
+    "only_one": "only one image contains {a_obj}.",
+    "neither": "neither image contains {a_obj}.",
+}
+_VE_TEMPLATES = {
+    "exist": "there is {a_obj}.",
+    "absent": "there is no {obj}.",
+    "count": "there are exactly {n} {things}.",
+    "relation": "{ref} is {relation} {ref2}.",
+    "all_color": "all the shapes are {color}.",
+}
+_NEUTRAL_TEMPLATES = (
+    "{ref} is made of {material}.",
+    "{ref} was drawn by {person}.",
+    "{ref} is {temperature}.",
+    "the picture was made {time}.",
+    "someone is looking at {ref}.",
+)
+_NEUTRAL_FILLERS = {
+    "material": ("wood", "paper", "plastic", "metal", "glass"),
+    "person": ("a child", "a teacher", "an artist", "a robot"),
+    "temperature": ("warm", "cold", "heavy", "light", "soft"),
+    "time": ("yesterday", "last year", "in the morning", "at night"),
+}
+_ANSWER_WORDS = ("yes", "no", "left", "right", "above", "below")
+
+
+def _scale(image_size: int, px: float) -> float:
+    return px * image_size / _BASE_SIZE
+
+
+def _article(phrase: str) -> str:
+    return ("an " if phrase[0] in "aeiou" else "a ") + phrase
+
+
+def _phrase(kind: str | None, color: str | None = None, size: str | None = None, plural: bool = False,
+            noun: str = "shape") -> str:
+    """"large red circle", "red shapes": the attributes given, then the kind (or ``noun``)."""
+    head = kind or noun
+    return " ".join(w for w in (size, color, _PLURAL[head] if plural else head) if w)
+
+
+# --------------------------------------------------------------------------------------------
+# Scenes
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShapeObject:
+    """One shape: ``box`` is its tight pixel box (x1, y1, x2, y2), ``class_id`` indexes
+    `OBJECT_CLASSES` and ``attribute_ids`` (colour, size) index `ATTRIBUTES`."""
+
+    kind: str
+    color: str
+    size: str
+    box: tuple[float, float, float, float]
+    class_id: int
+    attribute_ids: tuple[int, ...]
+
+    @property
+    def center(self) -> tuple[float, float]:
+        return (self.box[0] + self.box[2]) / 2, (self.box[1] + self.box[3]) / 2
+
+    @property
+    def extent(self) -> float:
+        return self.box[2] - self.box[0]
+
+    def matches(self, kind: str | None = None, color: str | None = None, size: str | None = None) -> bool:
+        return (kind is None or self.kind == kind) and (color is None or self.color == color) \
+            and (size is None or self.size == size)
+
+
+def _make_object(kind: str, color: str, size: str, box: tuple[float, float, float, float]) -> ShapeObject:
+    return ShapeObject(kind, color, size, box, OBJECT_CLASSES.index(kind),
+                       (ATTRIBUTES.index(color), ATTRIBUTES.index(size)))
+
+
+def _draw_shape(draw: ImageDraw.ImageDraw, kind: str, box: Sequence[float], fill: Any) -> None:
+    """Draw ``kind`` filling the pixel box [x0, x1) x [y0, y1) exactly (it touches all four sides)."""
+    x0, y0, x1, y1 = (int(v) for v in box)
+    xr, yb = x1 - 1, y1 - 1  # last pixel column / row (PIL coordinates are inclusive)
+    cx, cy = (x0 + xr) / 2, (y0 + yb) / 2
+    if kind == "circle":
+        draw.ellipse([x0, y0, xr, yb], fill=fill)
+    elif kind == "square":
+        draw.rectangle([x0, y0, xr, yb], fill=fill)
+    elif kind == "triangle":
+        draw.polygon([(x0, yb), (xr, yb), (cx, y0)], fill=fill)
+    elif kind == "diamond":
+        draw.polygon([(cx, y0), (xr, cy), (cx, yb), (x0, cy)], fill=fill)
+    elif kind == "cross":
+        t = max(2, (x1 - x0) // 3)
+        a, b = x0 + ((x1 - x0) - t) // 2, y0 + ((y1 - y0) - t) // 2
+        draw.rectangle([x0, b, xr, b + t - 1], fill=fill)
+        draw.rectangle([a, y0, a + t - 1, yb], fill=fill)
+    else:
+        raise ValueError(f"unknown shape kind {kind!r}; known kinds: {', '.join(KINDS)}")
+
+
+def shape_mask(kind: str, box: Sequence[float], width: int, height: int) -> np.ndarray:
+    """Boolean [height, width] mask of the pixels ``kind`` covers in ``box``."""
+    canvas = Image.new("1", (width, height), 0)
+    _draw_shape(ImageDraw.Draw(canvas), kind, box, 1)
+    return np.asarray(canvas, dtype=bool)
+
+
+@dataclass(frozen=True)
+class Scene:
+    """A rendered-on-demand scene; objects are drawn in order (later ones may occlude earlier ones)."""
+
+    image_id: str
+    width: int
+    height: int
+    objects: tuple[ShapeObject, ...]
+    background: int = 32
+
+    def render(self) -> Image.Image:
+        img = Image.new("RGB", (self.width, self.height), (self.background,) * 3)
+        draw = ImageDraw.Draw(img)
+        for obj in self.objects:
+            _draw_shape(draw, obj.kind, obj.box, PALETTE[obj.color])
+        return img
+
+    def count(self, kind: str | None = None, color: str | None = None, size: str | None = None) -> int:
+        return sum(o.matches(kind, color, size) for o in self.objects)
+
+
+# --------------------------------------------------------------------------------------------
+# Referring to objects
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Ref:
+    """A description "the [size] [color] kind|noun [position]" of one object of a scene."""
+
+    size: str | None
+    color: str | None
+    kind: str | None
+    position: str | None = None
+
+    def phrase(self, noun: str = "shape") -> str:
+        return _phrase(self.kind, self.color, self.size, noun=noun) + \
+            (" " + _POSITIONS[self.position] if self.position else "")
+
+    def the(self, noun: str = "shape") -> str:
+        return "the " + self.phrase(noun)
+
+
+def _extreme(objs: Sequence[ShapeObject], position: str, margin: float) -> ShapeObject | None:
+    """The object of two that is clearly on the ``position`` side of the other, else None."""
+    axis = 0 if position in ("left", "right") else 1
+    a, b = sorted(objs, key=lambda o: o.center[axis])
+    if b.center[axis] - a.center[axis] < margin:
+        return None
+    return a if position in ("left", "top") else b
+
+
+def _referring(scene: Scene, idx: int, exclude: Iterable[str] = (), positional: bool = True,
+               margin: float = _MARGIN) -> list[_Ref]:
+    """Every description that picks out object ``idx`` alone (attributes in ``exclude`` unused)."""
+    target = scene.objects[idx]
+    refs = []
+    for use_size in (False, True):
+        for use_color in (False, True):
+            for use_kind in (False, True):
+                ref = _Ref(target.size if use_size else None, target.color if use_color else None,
+                           target.kind if use_kind else None)
+                if any(getattr(ref, a) is not None for a in exclude):
+                    continue
+                same = [o for o in scene.objects if o.matches(ref.kind, ref.color, ref.size)]
+                if len(same) == 1:
+                    refs.append(ref)
+                elif positional and len(same) == 2:
+                    refs += [_Ref(ref.size, ref.color, ref.kind, p) for p in _POSITIONS
+                             if _extreme(same, p, margin) is target]
+    return refs
+
+
+def _relation_holds(a: ShapeObject, b: ShapeObject, relation: str, margin: float) -> bool | None:
+    """Whether ``a`` is ``relation`` ``b``; None when the centres are too close to tell."""
+    axis = 0 if relation in ("left", "right") else 1
+    d = a.center[axis] - b.center[axis]
+    if abs(d) < margin:
+        return None
+    return (d < 0) == (relation in ("left", "above"))
+
+
+def _count_phrase(n: int, kind: str | None = None, color: str | None = None, size: str | None = None) -> str:
+    """"two red circles", "one large shape", "no squares"."""
+    return f"{_NUMBER_WORDS[n]} {_phrase(kind, color, size, plural=n != 1)}"
+
+
+# --------------------------------------------------------------------------------------------
+# The world
+# --------------------------------------------------------------------------------------------
+def _lru(cache: OrderedDict, key: int, make: Callable[[int], Any], maxsize: int) -> Any:
+    """``cache[key]``, made by ``make(key)`` on a miss; the least recently used entry goes first."""
+    if key in cache:
+        cache.move_to_end(key)
+    else:
+        cache[key] = make(key)
+        if len(cache) > maxsize:
+            cache.popitem(last=False)
+    return cache[key]
+
+
+class ShapesWorld:
+    """Deterministic scenes and annotations: everything depends only on ``(seed, index)``."""
+
+    def __init__(self, seed: int = 0, num_images: int = 2000, image_size: int = 128):
+        if seed < 0:
+            raise ValueError(f"ShapesWorld: seed must be >= 0, got {seed}")
+        if num_images < 1:
+            raise ValueError(f"ShapesWorld: num_images must be >= 1, got {num_images}")
+        if image_size < 64:
+            raise ValueError(f"ShapesWorld: image_size must be >= 64 px, got {image_size}")
+        self.seed, self.num_images, self.image_size = int(seed), int(num_images), int(image_size)
+        self.margin = _scale(image_size, _MARGIN)
+        self._scenes: OrderedDict[int, Scene] = OrderedDict()
+        self._images: OrderedDict[int, Image.Image] = OrderedDict()
+
+    def __len__(self) -> int:
+        return self.num_images
+
+    def __repr__(self) -> str:
+        return f"ShapesWorld(seed={self.seed}, num_images={self.num_images}, image_size={self.image_size})"
+
+    def _rng(self, stream: str, i: int) -> np.random.Generator:
+        return np.random.default_rng((self.seed, _STREAMS[stream], i))
+
+    def _check(self, i: int) -> int:
+        i = int(i)
+        if not 0 <= i < self.num_images:
+            raise IndexError(f"{self!r}: image index {i} out of range [0, {self.num_images})")
+        return i
+
+    # ---- ids and splits ---------------------------------------------------------------------
+    def image_id(self, i: int) -> str:
+        return str(self._check(i))
+
+    def index_of(self, image_id: str) -> int:
+        """Inverse of `image_id`."""
+        if not str(image_id).isdigit():
+            raise KeyError(f"{self!r}: {image_id!r} is not a shapes image id")
+        return self._check(int(image_id))
+
+    def split(self, i: int) -> str:
+        """Karpathy-style split: the last 10% of the images are test, the 10% before them val."""
+        i = self._check(i)
+        return next(s for s in SPLITS if i in self.indices(s))
+
+    def indices(self, split: str) -> range:
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; shapes splits: {', '.join(SPLITS)}")
+        n, tenth = self.num_images, self.num_images // 10
+        bounds = {"train": (0, n - 2 * tenth), "val": (n - 2 * tenth, n - tenth), "test": (n - tenth, n)}
+        return range(*bounds[split])
+
+    # ---- scenes and images ------------------------------------------------------------------
+    def scene(self, i: int) -> Scene:
+        return _lru(self._scenes, self._check(i), self._make_scene, maxsize=65536)
+
+    def _make_scene(self, i: int) -> Scene:
+        rng = self._rng("scene", i)
+        w = h = self.image_size
+        n = int(rng.integers(1, 6))
+        background = int(rng.integers(20, 61))
+        owner = np.zeros((h, w), dtype=np.int16)  # which object (1-based) shows at each pixel
+        areas: list[int] = []
+        objects: list[ShapeObject] = []
+        for _ in range(n):
+            for _ in range(_PLACEMENT_TRIES):
+                kind, color, size = KINDS[rng.integers(len(KINDS))], COLORS[rng.integers(len(COLORS))], \
+                    SIZES[rng.integers(len(SIZES))]
+                lo, hi = _EXTENTS[size]
+                s = int(round(_scale(w, rng.integers(lo, hi + 1))))
+                x0, y0 = int(rng.integers(1, w - s)), int(rng.integers(1, h - s))
+                box = (float(x0), float(y0), float(x0 + s), float(y0 + s))
+                mask = shape_mask(kind, box, w, h)
+                trial = owner.copy()
+                trial[mask] = len(objects) + 1
+                visible = np.bincount(trial.ravel(), minlength=len(objects) + 2)[1:len(objects) + 1]
+                if all(v >= _MIN_VISIBLE * a for v, a in zip(visible, areas)):
+                    owner, areas = trial, areas + [int(mask.sum())]
+                    objects.append(_make_object(kind, color, size, box))
+                    break
+        return Scene(str(i), w, h, tuple(objects), background)
+
+    def image(self, i: int) -> Image.Image:
+        """The rendered scene (RGB); recent renders are cached, a copy is returned."""
+        return _lru(self._images, self._check(i), lambda k: self.scene(k).render(), maxsize=512).copy()
+
+    def load_image(self, image_id: str) -> Image.Image:
+        """`image` by image id (an image source for `vlkit.data.pairs.PixelSource`)."""
+        return self.image(self.index_of(image_id))
+
+    def png_bytes(self, i: int) -> bytes:
+        buf = io.BytesIO()
+        self.image(i).save(buf, format="PNG", optimize=False)
+        return buf.getvalue()
+
+    # ---- text helpers -----------------------------------------------------------------------
+    def _unique_refs(self, scene: Scene, exclude: Iterable[str] = (), positional: bool = False) -> dict[int, list[_Ref]]:
+        """Object index -> its unique descriptions (objects without one are left out)."""
+        out = {}
+        for k in range(len(scene.objects)):
+            refs = _referring(scene, k, exclude, positional, self.margin)
+            if refs:
+                out[k] = refs
+        return out
+
+    @staticmethod
+    def _pick(rng: np.random.Generator, seq: Sequence[Any]) -> Any:
+        return seq[int(rng.integers(len(seq)))]
+
+    def _clear_pairs(self, scene: Scene) -> list[tuple[int, int, str]]:
+        """(a, b, relation) for uniquely describable objects whose relation is clear."""
+        refs = self._unique_refs(scene)
+        out = []
+        for a in refs:
+            for b in refs:
+                if a != b:
+                    out += [(a, b, r) for r in _RELATIONS
+                            if _relation_holds(scene.objects[a], scene.objects[b], r, self.margin)]
+        return out
+
+    def _random_attrs(self, rng: np.random.Generator, scene: Scene, from_scene: bool) -> tuple[str | None, ...]:
+        """(kind, color, size) with a random subset set (at least one), from a scene object or at random."""
+        source = self._pick(rng, scene.objects) if from_scene and scene.objects else None
+        values = (source.kind, source.color, source.size) if source else \
+            (self._pick(rng, KINDS), self._pick(rng, COLORS), self._pick(rng, SIZES))
+        keep = rng.random(3) < (0.7, 0.6, 0.3)
+        if not keep.any():
+            keep[int(rng.integers(2))] = True
+        return tuple(v if k else None for v, k in zip(values, keep))
+
+    @staticmethod
+    def _a_obj(kind: str | None, color: str | None, size: str | None) -> str:
+        return _article(_phrase(kind, color, size))
+
+    def _describe_obj(self, rng: np.random.Generator, obj: ShapeObject) -> str:
+        """"a red circle", "a large square": a true (not necessarily unique) indefinite phrase."""
+        keep = rng.random(2) < (0.8, 0.4)
+        return self._a_obj(obj.kind, obj.color if keep[0] else None, obj.size if keep[1] else None)
+
+    # ---- captions ---------------------------------------------------------------------------
+    def captions(self, i: int) -> list[str]:
+        """Five distinct captions, each true of the scene."""
+        scene, rng = self.scene(i), self._rng("captions", i)
+        out: list[str] = []
+        for _ in range(200):
+            cap = self._caption(rng, scene)
+            if cap and cap not in out:
+                out.append(cap)
+            if len(out) == 5:
+                return out
+        raise RuntimeError(f"{self!r}: could not build five distinct captions for image {i}")
+
+    def _caption(self, rng: np.random.Generator, scene: Scene) -> str | None:
+        t = _CAPTION_TEMPLATES[int(rng.integers(len(_CAPTION_TEMPLATES)))]
+        objs = scene.objects
+        n = len(objs)
+        fields: dict[str, str] = {"n": _NUMBER_WORDS[n], "things": _PLURAL["shape"] if n > 1 else "shape",
+                                  "be": "are" if n > 1 else "is"}
+        if "{listing}" in t:
+            parts = [self._describe_obj(rng, o) for o in objs]
+            fields["listing"] = parts[0] if n == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+        if "{relation}" in t:
+            pairs = [(a, b, r) for a in range(n) for b in range(n) if a != b for r in _RELATIONS
+                     if _relation_holds(objs[a], objs[b], r, self.margin)]
+            if not pairs:
+                return None
+            a, b, r = self._pick(rng, pairs)
+            fields.update(a_obj=self._describe_obj(rng, objs[a]), relation=_RELATIONS[r],
+                          b_obj=self._describe_obj(rng, objs[b]))
+        elif "largest" in t or "smallest" in t:
+            ext = [o.extent for o in objs]
+            best = max(ext) if "largest" in t else min(ext)
+            if n < 2 or ext.count(best) > 1:
+                return None
+            fields["a_obj"] = self._describe_obj(rng, objs[ext.index(best)])
+        elif "{a_obj}" in t:
+            fields["a_obj"] = self._describe_obj(rng, self._pick(rng, objs))
+        return t.format(**fields)
+
+    # ---- VQA --------------------------------------------------------------------------------
+    def vqa(self, i: int) -> list[dict]:
+        """VQA v2 style questions with 10 answers each (question and annotation fields merged)."""
+        scene, rng = self.scene(i), self._rng("vqa", i)
+        makers = [self._q_color, self._q_shape, self._q_count, self._q_exist, self._q_relation]
+        out = []
+        for maker in makers:
+            q = maker(rng, scene) or self._q_count(rng, scene)
+            question, answer, answer_type, question_type, distractors = q
+            out.append({
+                "question_id": int(i) * 10 + len(out), "image_id": int(i), "question": question,
+                "answers": self._human_answers(rng, answer, distractors),
+                "multiple_choice_answer": answer, "answer_type": answer_type, "question_type": question_type,
+            })
+        return out
+
+    @staticmethod
+    def _human_answers(rng: np.random.Generator, answer: str, distractors: Sequence[str]) -> list[dict]:
+        """Ten simulated annotators: most give ``answer``, up to three give a plausible wrong one."""
+        n_wrong = int(rng.choice([0, 0, 0, 1, 1, 2, 3]))
+        wrong_at = set(rng.choice(10, size=n_wrong, replace=False).tolist())
+        answers = []
+        for k in range(10):
+            wrong = k in wrong_at and distractors
+            answers.append({"answer": distractors[int(rng.integers(len(distractors)))] if wrong else answer,
+                            "answer_confidence": "maybe" if wrong else "yes", "answer_id": k + 1})
+        return answers
+
+    def _q_attribute(self, rng, scene, attr: str, template: str, qtype: str, values: Sequence[str]):
+        refs = self._unique_refs(scene, exclude=(attr,))
+        if not refs:
+            return None
+        k = self._pick(rng, sorted(refs))
+        answer = getattr(scene.objects[k], attr)
+        ref = self._pick(rng, refs[k]).the("object")
+        return template.format(ref=ref), answer, "other", qtype, [v for v in values if v != answer]
+
+    def _q_color(self, rng, scene):
+        return self._q_attribute(rng, scene, "color", _VQA_TEMPLATES["color"], "what color is the", COLORS)
+
+    def _q_shape(self, rng, scene):
+        return self._q_attribute(rng, scene, "kind", _VQA_TEMPLATES["shape"], "what shape is the", KINDS)
+
+    def _q_count(self, rng, scene):
+        kind, color, size = self._random_attrs(rng, scene, from_scene=rng.random() < 0.6)
+        if rng.random() < 0.15:
+            kind = color = size = None  # "how many shapes are there?"
+        n = scene.count(kind, color, size)
+        question = _VQA_TEMPLATES["count"].format(things=_phrase(kind, color, size, plural=True))
+        return question, str(n), "number", "how many", [str(m) for m in (n - 1, n + 1) if m >= 0]
+
+    def _q_exist(self, rng, scene):
+        want = bool(rng.random() < 0.5)
+        for _ in range(20):
+            kind, color, size = self._random_attrs(rng, scene, from_scene=want)
+            if (scene.count(kind, color, size) > 0) == want:
+                break
+        answer = "yes" if scene.count(kind, color, size) > 0 else "no"
+        question = _VQA_TEMPLATES["exist"].format(a_obj=self._a_obj(kind, color, size))
+        return question, answer, "yes/no", "is there a", ["no" if answer == "yes" else "yes"]
+
+    def _q_relation(self, rng, scene):
+        pairs = self._clear_pairs(scene)
+        if not pairs:
+            return None
+        refs = self._unique_refs(scene)
+        a, b, rel = self._pick(rng, pairs)
+        ref, ref2 = self._pick(rng, refs[a]).the("object"), self._pick(rng, refs[b]).the("object")
+        style = rng.random()
+        if style < 0.5:
+            asked = rel if rng.random() < 0.5 else self._pick(rng, [r for r in _RELATIONS if r != rel])
+            holds = _relation_holds(scene.objects[a], scene.objects[b], asked, self.margin)
+            if holds is None:  # the other axis is unclear: ask the opposite of the true relation
+                asked = {"left": "right", "right": "left", "above": "below", "below": "above"}[rel]
+                holds = False
+            answer = "yes" if holds else "no"
+            q = _VQA_TEMPLATES["relation"].format(ref=ref, relation=_RELATIONS[asked], ref2=ref2)
+            return q, answer, "yes/no", "is the", ["no" if holds else "yes"]
+        horizontal = rel in ("left", "right")
+        q = _VQA_TEMPLATES["side_h" if horizontal else "side_v"].format(ref=ref, ref2=ref2)
+        other = {"left": "right", "right": "left", "above": "below", "below": "above"}[rel]
+        return q, rel, "other", "is the", [other]
+
+    # ---- referring expressions --------------------------------------------------------------
+    def refexps(self, i: int) -> list[dict]:
+        """RefCOCO-style refs: up to two objects, each with up to three unique descriptions."""
+        scene, rng = self.scene(i), self._rng("refexp", i)
+        refs = self._unique_refs(scene, positional=True)
+        chosen = sorted(refs)
+        rng.shuffle(chosen)
+        out = []
+        for k in chosen[:2]:
+            options = list(refs[k])
+            rng.shuffle(options)
+            ref_id = int(i) * 10 + len(out)
+            sents = []
+            for s, r in enumerate(options[:3]):
+                text = r.the() if rng.random() < 0.7 else r.phrase()
+                sents.append({"tokens": text.split(), "raw": text, "sent_id": ref_id * 10 + s, "sent": text})
+            x0, y0, x1, y1 = scene.objects[k].box
+            out.append({
+                "ref_id": ref_id, "ann_id": int(i) * 10 + k, "image_id": int(i), "split": self.split(i),
+                "file_name": f"{i}.png", "sent_ids": [s["sent_id"] for s in sents], "sentences": sents,
+                "category_id": scene.objects[k].class_id, "object_index": k, "bbox": [x0, y0, x1 - x0, y1 - y0],
+            })
+        return out
+
+    # ---- NLVR2 ------------------------------------------------------------------------------
+    def nlvr2_partner(self, j: int) -> int:
+        """The right image of statement ``j`` (its left image is ``j``): another image of the same split."""
+        pool = self.indices(self.split(j))
+        if len(pool) == 1:
+            return int(j)
+        k = int(self._rng("nlvr2_pair", j).integers(len(pool) - 1))
+        k += pool.start
+        return k + 1 if k >= j else k
+
+    def nlvr2(self, j: int) -> dict:
+        """A statement about images (j, partner) with a True/False label (balanced by construction)."""
+        j = self._check(j)
+        right = self.nlvr2_partner(j)
+        left_scene, right_scene = self.scene(j), self.scene(right)
+        rng = self._rng("nlvr2", j)
+        want = bool(rng.random() < 0.5)
+        for _ in range(40):
+            sentence, label = self._nlvr2_statement(rng, left_scene, right_scene)
+            if label == want:
+                break
+        split = self.split(j)
+        return {"identifier": f"{split}-{j}-0-0", "left_image": str(j), "right_image": str(right),
+                "sentence": sentence, "label": "True" if label else "False"}
+
+    def _nlvr2_statement(self, rng, left: Scene, right: Scene) -> tuple[str, bool]:
+        name = self._pick(rng, list(_NLVR2_TEMPLATES))
+        t = _NLVR2_TEMPLATES[name]
+        both = (left, right)
+        kind, color, size = self._random_attrs(rng, self._pick(rng, both), from_scene=rng.random() < 0.6)
+        a_obj = self._a_obj(kind, color, size)
+        has = [s.count(kind, color, size) > 0 for s in both]
+        if name == "count_side":
+            side = self._pick(rng, ("left", "right"))
+            n = int(rng.integers(1, 4))
+            truth = both[side == "right"].count(kind, color, size) == n
+            return t.format(side=side, count=_count_phrase(n, kind, color, size)), truth
+        if name == "has_side":
+            side = self._pick(rng, ("left", "right"))
+            return t.format(side=side, a_obj=a_obj), has[side == "right"]
+        if name == "total":
+            n = int(rng.integers(0, 6))
+            truth = sum(s.count(kind, color, size) for s in both) == n
+            return t.format(count=_count_phrase(n, kind, color, size)), truth
+        if name in ("more", "fewer"):
+            d = len(left.objects) - len(right.objects)
+            return t, d > 0 if name == "more" else d < 0
+        truth = {"both": all(has), "only_one": sum(has) == 1, "neither": not any(has)}[name]
+        return t.format(a_obj=a_obj), truth
+
+    # ---- SNLI-VE ----------------------------------------------------------------------------
+    def snli_ve(self, i: int) -> list[dict]:
+        """Three hypotheses about image ``i``: one entailed, one neutral, one contradicted (SNLI-VE fields)."""
+        scene, rng = self.scene(i), self._rng("snli_ve", i)
+        premise = self.captions(i)[0]
+        out = []
+        for k, label in enumerate(("entailment", "neutral", "contradiction")):
+            if label == "neutral":
+                hyp = self._ve_neutral(rng, scene)
+            else:
+                for _ in range(60):
+                    hyp, truth = self._ve_claim(rng, scene)
+                    if truth == (label == "entailment"):
+                        break
+                else:
+                    raise RuntimeError(f"{self!r}: no {label} hypothesis found for image {i}")
+            out.append({"Flickr30K_ID": str(i), "captionID": f"{i}.png#0", "pairID": f"{i}.png#0r{k}{label[0]}",
+                        "sentence1": premise, "sentence2": hyp, "gold_label": label,
+                        "annotator_labels": [label]})
+        return out
+
+    def _ve_claim(self, rng, scene: Scene) -> tuple[str, bool]:
+        name = self._pick(rng, list(_VE_TEMPLATES))
+        pairs = self._clear_pairs(scene) if name == "relation" else []
+        if name == "relation" and not pairs:
+            name = "exist"
+        t = _VE_TEMPLATES[name]
+        kind, color, size = self._random_attrs(rng, scene, from_scene=rng.random() < 0.5)
+        n_match = scene.count(kind, color, size)
+        if name == "exist":
+            return t.format(a_obj=self._a_obj(kind, color, size)), n_match > 0
+        if name == "absent":
+            return t.format(obj=_phrase(kind, color, size)), n_match == 0
+        if name == "count":
+            n = int(rng.integers(2, 6))
+            return t.format(n=_NUMBER_WORDS[n], things=_phrase(kind, color, size, plural=True)), n_match == n
+        if name == "all_color":
+            c = self._pick(rng, COLORS)
+            return t.format(color=c), len(scene.objects) > 1 and scene.count(color=c) == len(scene.objects)
+        a, b, rel = self._pick(rng, pairs)
+        refs = self._unique_refs(scene)
+        asked = self._pick(rng, list(_RELATIONS))
+        holds = _relation_holds(scene.objects[a], scene.objects[b], asked, self.margin)
+        if holds is None:
+            asked, holds = rel, True
+        text = t.format(ref=self._pick(rng, refs[a]).the(), relation=_RELATIONS[asked],
+                        ref2=self._pick(rng, refs[b]).the())
+        return text, holds
+
+    def _ve_neutral(self, rng, scene: Scene) -> str:
+        refs = self._unique_refs(scene)
+        t = self._pick(rng, _NEUTRAL_TEMPLATES)
+        fields = {k: self._pick(rng, v) for k, v in _NEUTRAL_FILLERS.items()}
+        if refs:
+            fields["ref"] = self._pick(rng, refs[self._pick(rng, sorted(refs))]).the()
+        elif "{ref}" in t:
+            t = _NEUTRAL_TEMPLATES[3]
+        return t.format(**fields)
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenizer over the world's closed vocabulary
+# --------------------------------------------------------------------------------------------
+_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+_PUNCTUATION = ("!", "'", ",", "-", ".", ":", ";", "?")
+
+
+def shapes_vocab() -> list[str]:
+    """The WordPiece vocabulary: special tokens ([PAD]=0), punctuation, digits, then every word
+    the world's templates and fillers can produce, sorted."""
+    texts: list[str] = [*_CAPTION_TEMPLATES, *_VQA_TEMPLATES.values(), *_NLVR2_TEMPLATES.values(),
+                        *_VE_TEMPLATES.values(), *_NEUTRAL_TEMPLATES, *_POSITIONS.values(), *_RELATIONS.values(),
+                        *(w for ws in _NEUTRAL_FILLERS.values() for w in ws), *_NUMBER_WORDS, *_PLURAL,
+                        *_PLURAL.values(), *KINDS, *COLORS, *SIZES, *_ANSWER_WORDS, "a an the and"]
+    words = set()
+    for t in texts:
+        words.update(re.findall(r"[a-z]+", re.sub(r"\{[a-z_0-9]*\}", " ", t)))
+    return [*_SPECIAL_TOKENS, *_PUNCTUATION, *(str(d) for d in range(10)), *sorted(words)]
+
+
+@functools.lru_cache(maxsize=1)
+def shapes_tokenizer():
+    """A lower-casing `BertTokenizerFast` over `shapes_vocab` (built in memory, no download)."""
+    from transformers import BertTokenizerFast
+
+    vocab = {tok: k for k, tok in enumerate(shapes_vocab())}
+    return BertTokenizerFast(vocab=vocab, do_lower_case=True, model_max_length=512)
+
+
+# --------------------------------------------------------------------------------------------
+# Writing the world to disk (`vlkit make-shapes`)
+# --------------------------------------------------------------------------------------------
+FILES = {
+    "image": "images/{image_id}.png",
+    "karpathy": "dataset_shapes.json",
+    "captions": "captions.jsonl",
+    "vqa_questions": "v2_OpenEnded_mscoco_{split}_questions.json",
+    "vqa_annotations": "v2_mscoco_{split}_annotations.json",
+    "nlvr2": "{split}.json",
+    "refs": "refs(unc).json",
+    "instances": "instances.json",
+    "snli_ve": "snli_ve_{split}.jsonl",
+    "boxes": "boxes.json",
+    "vocab": "vocab.txt",
+    "manifest": "manifest.json",
+}
+"""File names `write_shapes` uses, relative to its output folder (``{split}`` in train/val/test)."""
+
+_MANIFEST_FORMAT = "vlkit-shapes/1"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return json.dumps(obj).encode()
+
+
+def _jsonl_bytes(records: Iterable[dict]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in records).encode()
+
+
+def _annotation_files(world: ShapesWorld) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """Every annotation file of the world (relative path -> bytes) and the manifest counts."""
+    n = world.num_images
+    karpathy, captions, boxes, refs = [], [], [], []
+    instances = {"images": [], "annotations": [],
+                 "categories": [{"id": k, "name": name, "supercategory": "shape"}
+                                for k, name in enumerate(OBJECT_CLASSES) if k > 0]}
+    by_split: dict[str, dict[str, list]] = {s: {"questions": [], "annotations": [], "nlvr2": [], "snli_ve": []}
+                                            for s in SPLITS}
+    for i in range(n):
+        scene, split, image_id = world.scene(i), world.split(i), world.image_id(i)
+        file_name = Path(FILES["image"].format(image_id=image_id)).name
+        caps = world.captions(i)
+        karpathy.append({
+            "filepath": "images", "filename": file_name, "imgid": i, "cocoid": i, "split": split,
+            "sentids": [i * 5 + k for k in range(len(caps))],
+            "sentences": [{"tokens": re.findall(r"[a-z0-9]+", c.lower()), "raw": c, "imgid": i, "sentid": i * 5 + k}
+                          for k, c in enumerate(caps)],
+        })
+        captions += [{"image_id": image_id, "caption": c} for c in caps]
+        instances["images"].append({"id": i, "file_name": file_name, "width": scene.width, "height": scene.height})
+        for k, o in enumerate(scene.objects):
+            x0, y0, x1, y1 = o.box
+            instances["annotations"].append({
+                "id": i * 10 + k, "image_id": i, "category_id": o.class_id, "bbox": [x0, y0, x1 - x0, y1 - y0],
+                "area": (x1 - x0) * (y1 - y0), "iscrowd": 0, "attribute_ids": list(o.attribute_ids)})
+        boxes.append({"image_id": image_id, "file_name": file_name, "width": scene.width, "height": scene.height,
+                      "split": split, "boxes": [list(o.box) for o in scene.objects],
+                      "class_ids": [o.class_id for o in scene.objects],
+                      "attribute_ids": [list(o.attribute_ids) for o in scene.objects]})
+        for q in world.vqa(i):
+            by_split[split]["questions"].append({k: q[k] for k in ("image_id", "question", "question_id")})
+            by_split[split]["annotations"].append({k: q[k] for k in (
+                "question_type", "multiple_choice_answer", "answers", "image_id", "answer_type", "question_id")})
+        refs += [{k: v for k, v in r.items() if k not in ("object_index", "bbox")} for r in world.refexps(i)]
+        by_split[split]["nlvr2"].append(world.nlvr2(i))
+        by_split[split]["snli_ve"] += world.snli_ve(i)
+
+    files = {
+        FILES["karpathy"]: _json_bytes({"images": karpathy, "dataset": "shapes"}),
+        FILES["captions"]: _jsonl_bytes(captions),
+        FILES["refs"]: _json_bytes(refs),
+        FILES["instances"]: _json_bytes(instances),
+        FILES["boxes"]: _json_bytes({"classes": list(OBJECT_CLASSES), "attributes": list(ATTRIBUTES), "images": boxes}),
+        FILES["vocab"]: ("\n".join(shapes_vocab()) + "\n").encode(),
+    }
+    for split, parts in by_split.items():
+        info = {"description": f"vlkit shapes world, seed {world.seed}", "version": _MANIFEST_FORMAT}
+        files[FILES["vqa_questions"].format(split=split)] = _json_bytes({
+            "info": info, "task_type": "Open-Ended", "data_type": "shapes", "data_subtype": split, "license": {},
+            "questions": parts["questions"]})
+        files[FILES["vqa_annotations"].format(split=split)] = _json_bytes({
+            "info": info, "data_type": "shapes", "data_subtype": split, "license": {},
+            "annotations": parts["annotations"]})
+        files[FILES["nlvr2"].format(split=split)] = _jsonl_bytes(parts["nlvr2"])
+        files[FILES["snli_ve"].format(split=split)] = _jsonl_bytes(parts["snli_ve"])
+    counts = {
+        "images": {s: len(world.indices(s)) for s in SPLITS}, "captions": len(captions),
+        "objects": len(instances["annotations"]), "refs": len(refs),
+        "questions": {s: len(p["questions"]) for s, p in by_split.items()},
+        "nlvr2": {s: len(p["nlvr2"]) for s, p in by_split.items()},
+        "snli_ve": {s: len(p["snli_ve"]) for s, p in by_split.items()},
+    }
+    return files, counts
+
+
+def _read_manifest(path: Path, params: dict) -> dict:
+    """An existing manifest written with the same ``params`` ({} if none)."""
+    if not path.exists():
+        return {}
+    try:
+        manifest = json.loads(path.read_text())
+        old_params, files = manifest["params"], manifest["files"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: unreadable shapes manifest ({e}); delete it to regenerate the folder") from e
+    if old_params != params or not isinstance(files, dict):
+        raise ValueError(f"{path}: this folder holds a shapes world with {old_params}, not {params}; "
+                         "choose another out= or delete the folder")
+    return manifest
+
+
+def write_shapes(world: ShapesWorld, out: str | Path, flush_every: int = 256,
+                 progress: Callable[[Iterable], Iterable] | None = None) -> dict:
+    """Write images and every annotation file of ``world`` under ``out`` (names in `FILES`).
+
+    Each file is written atomically and recorded with its sha256 in ``manifest.json`` (flushed
+    every ``flush_every`` images); a re-run skips every file whose bytes match the manifest.
+    Returns the manifest.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest_path = out / FILES["manifest"]
+    params = {"seed": world.seed, "num_images": world.num_images, "image_size": world.image_size}
+    previous = _read_manifest(manifest_path, params)
+    recorded: dict[str, str] = dict(previous.get("files", {}))
+    files: dict[str, str] = {}
+
+    def complete(rel: str, digest: str | None = None) -> bool:
+        path = out / rel
+        want = recorded.get(rel) if digest is None else digest
+        return want is not None and recorded.get(rel) == want and path.is_file() and _sha256_file(path) == want
+
+    def save(rel: str, data: bytes) -> None:
+        digest = _sha256(data)
+        if not complete(rel, digest):
+            with atomic_path(out / rel) as tmp:
+                tmp.write_bytes(data)
+        files[rel] = digest
+
+    def flush(counts: dict | None = None) -> dict:
+        manifest = {"format": _MANIFEST_FORMAT, "params": params, "complete": counts is not None,
+                    "counts": counts or {}, "files": {**recorded, **files}}
+        atomic_write_text(manifest_path, json.dumps(manifest, indent=1, sort_keys=True))
+        return manifest
+
+    if previous.get("complete") and all(complete(rel) for rel in recorded):
+        return previous
+    indices = range(world.num_images)
+    for done, i in enumerate(progress(indices) if progress else indices, start=1):
+        rel = FILES["image"].format(image_id=world.image_id(i))
+        if complete(rel):
+            files[rel] = recorded[rel]
+        else:
+            save(rel, world.png_bytes(i))
+        if done % flush_every == 0:
+            flush()
+    annotations, counts = _annotation_files(world)
+    for rel, data in annotations.items():
+        save(rel, data)
+    recorded = {}  # everything is now in `files`; drop entries of files this world no longer has
+    return flush(counts)
+
+
+def make_shapes_main(cfg) -> None:
+    """``vlkit make-shapes out=DIR num_images=N seed=S [image_size=128]``."""
+    from tqdm import tqdm
+
+    world = ShapesWorld(seed=cfg.seed, num_images=cfg.num_images, image_size=cfg.image_size)
+    manifest = write_shapes(world, cfg.out, progress=lambda it: tqdm(it, desc="shapes images", unit="img"))
+    c = manifest["counts"]
+    print(f"wrote {world!r} to {cfg.out}: {sum(c['images'].values())} images, {c['captions']} captions, "
+          f"{sum(c['questions'].values())} questions, {c['refs']} refs, {sum(c['nlvr2'].values())} NLVR2 "
+          f"statements, {sum(c['snli_ve'].values())} SNLI-VE hypotheses")

@@ -1,0 +1,136 @@
+"""Parameter groups, AdamW and learning-rate schedules, following each family's official code.
+
+Groups: the pre-trained unimodal towers (``model.encoder_prefixes``) train at ``lr``, the rest of
+the model (cross-modal layers, poolers, embeddings) at ``lr * lr_mult`` and the training module's
+own parameters (objective / task heads) at ``lr * lr_mult_head``. Weight decay is switched off by
+the family's name rule (`NO_DECAY`) or, with ``no_decay="norms"``, for every bias and every
+normalisation-layer parameter.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Sequence
+
+import torch
+from torch import nn
+
+# Substrings that exempt a parameter from weight decay, as in the official code.
+NO_DECAY = {
+    # UNITER optim/misc.py and train_vqa.py
+    "uniter": ("bias", "LayerNorm.bias", "LayerNorm.weight"),
+    # ViLBERT train_concap.py / train_tasks.py
+    "vilbert": ("bias", "LayerNorm.bias", "LayerNorm.weight"),
+    # METER meter/modules/meter_utils.py set_schedule
+    "meter": ("bias", "LayerNorm.bias", "LayerNorm.weight", "norm.bias", "norm.weight", "norm1.bias",
+              "norm1.weight", "norm2.bias", "norm2.weight"),
+}
+NO_DECAY_RULES = (*NO_DECAY, "norms")
+SCHEDULES = ("linear", "polynomial", "constant")
+
+_NORM_TYPES = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, nn.modules.batchnorm._NormBase)
+
+
+def _norm_param_names(module: nn.Module) -> set[str]:
+    return {f"{mod_name}.{p_name}" if mod_name else p_name
+            for mod_name, mod in module.named_modules() if isinstance(mod, _NORM_TYPES)
+            for p_name, _ in mod.named_parameters(recurse=False)}
+
+
+def no_decay_names(module: nn.Module, rule: str) -> set[str]:
+    """Names of the parameters of ``module`` that ``rule`` exempts from weight decay."""
+    if rule == "norms":
+        norms = _norm_param_names(module)
+        return {n for n, _ in module.named_parameters() if n in norms or n.rsplit(".", 1)[-1] == "bias"}
+    if rule not in NO_DECAY:
+        raise ValueError(f"unknown no_decay rule {rule!r}; choose one of {', '.join(NO_DECAY_RULES)}")
+    return {n for n, _ in module.named_parameters() if any(s in n for s in NO_DECAY[rule])}
+
+
+def _under(name: str, prefixes: Sequence[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def param_groups(module: nn.Module, lr: float, weight_decay: float, lr_mult: float = 1.0,
+                 lr_mult_head: float | None = None, no_decay: str = "uniter") -> list[dict]:
+    """AdamW parameter groups of a training module (see the module docstring).
+
+    ``module.model`` (a `VLModel`) names its towers in ``encoder_prefixes``; a module without a
+    ``model`` attribute is treated as the model itself. A weight tied between the model and a head
+    (the MLM decoder) is counted once, in the model's group. Frozen parameters are left out. Each
+    group carries ``name`` (``encoder|cross_modal|head`` + ``/decay|/no_decay``) and ``lr_mult``.
+    """
+    lr_mult_head = lr_mult if lr_mult_head is None else lr_mult_head
+    model = getattr(module, "model", module)
+    prefixes = tuple(getattr(model, "encoder_prefixes", ()))
+    exempt = {id(p) for n, p in module.named_parameters() if n in no_decay_names(module, no_decay)}
+    tiers: dict[str, tuple[float, list[nn.Parameter]]] = {
+        "encoder": (1.0, []), "cross_modal": (lr_mult, []), "head": (lr_mult_head, [])}
+    seen: set[int] = set()
+    for name, p in model.named_parameters():
+        seen.add(id(p))
+        tiers["encoder" if _under(name, prefixes) else "cross_modal"][1].append(p)
+    tiers["head"][1].extend(p for p in module.parameters() if id(p) not in seen)
+    groups = []
+    for tier, (mult, params) in tiers.items():
+        for kind, decay in (("decay", weight_decay), ("no_decay", 0.0)):
+            chosen = [p for p in params if p.requires_grad and (id(p) in exempt) == (kind == "no_decay")]
+            if chosen:
+                groups.append({"params": chosen, "lr": lr * mult, "weight_decay": decay,
+                               "name": f"{tier}/{kind}", "lr_mult": mult})
+    if not groups:
+        raise ValueError(f"{type(module).__name__} has no trainable parameters")
+    return groups
+
+
+def build_optimizer(module: nn.Module, lr: float, betas: Sequence[float] = (0.9, 0.98), eps: float = 1e-8,
+                    weight_decay: float = 0.01, lr_mult: float = 1.0, lr_mult_head: float | None = None,
+                    no_decay: str = "uniter") -> torch.optim.AdamW:
+    """`torch.optim.AdamW` over `param_groups` (decoupled weight decay, bias-corrected)."""
+    groups = param_groups(module, lr, weight_decay, lr_mult, lr_mult_head, no_decay)
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+
+
+def warmup_steps(warmup: float, max_steps: int) -> int:
+    """``warmup`` in [0, 1) is a fraction of ``max_steps`` (METER: ``int(max_steps * warmup)``);
+    a whole number >= 1 is a step count."""
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    if warmup < 1:
+        return int(max_steps * warmup)
+    if warmup != math.floor(warmup):
+        raise ValueError(f"warmup {warmup} is neither a fraction in [0, 1) nor a whole number of steps")
+    return int(warmup)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, max_steps: int, warmup: float = 0.1,
+                    schedule: str = "linear", power: float = 1.0, end_lr: float = 0.0,
+                    offset: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up, then linear / polynomial (``power``, down to ``end_lr``) decay or a constant.
+
+    The scheduler is stepped once per optimizer step. ``offset=0`` gives the n-th update (0-based)
+    the factor of step n, as Lightning does for METER (the first update uses lr 0 during warm-up);
+    ``offset=1`` gives it the factor of step n + 1, as UNITER's ``get_lr_sched(global_step)`` and
+    ViLBERT's ``scheduler.step()`` before ``optimizer.step()`` do.
+    """
+    from transformers import (get_constant_schedule_with_warmup, get_linear_schedule_with_warmup,
+                              get_polynomial_decay_schedule_with_warmup)
+
+    warm = warmup_steps(warmup, max_steps)
+    if schedule != "constant" and warm >= max_steps:
+        raise ValueError(f"warm-up ({warm} steps) must be shorter than max_steps ({max_steps})")
+    if schedule == "linear":
+        scheduler = get_linear_schedule_with_warmup(optimizer, warm, max_steps)
+    elif schedule == "polynomial":
+        scheduler = get_polynomial_decay_schedule_with_warmup(optimizer, warm, max_steps, lr_end=end_lr, power=power)
+    elif schedule == "constant":
+        scheduler = get_constant_schedule_with_warmup(optimizer, warm)
+    else:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if offset not in (0, 1):
+        raise ValueError(f"schedule offset must be 0 or 1, got {offset}")
+    with warnings.catch_warnings():  # stepping before the first optimizer.step() is the point here
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(offset):
+            scheduler.step()
+    return scheduler
