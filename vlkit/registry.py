@@ -18,7 +18,7 @@ _BUILTIN_MODULES = {
     "model": ["vlkit.models.vilbert", "vlkit.models.uniter", "vlkit.models.meter"],
     "encoder": ["vlkit.models.encoders"],
     "objective": ["vlkit.objectives"],
-    "task": ["vlkit.tasks"],
+    "task": ["vlkit.tasks.vqa", "vlkit.tasks.retrieval", "vlkit.tasks.nlvr2", "vlkit.tasks.refexp", "vlkit.tasks.snli_ve"],
     "dataset": ["vlkit.data"],
 }
 _plugins_loaded = False

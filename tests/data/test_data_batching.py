@@ -94,6 +94,9 @@ def test_tight_budget_and_errors():
     with pytest.raises(ValueError, match="no two fit in one batch"):
         list(TokenBucketSampler([40, 40, 40, 40], max_units=60, num_replicas=3))
     merged = [list(TokenBucketSampler([40, 0, 40, 40], max_units=80, num_replicas=3, rank=r)) for r in range(3)]
+    # six single-example batches over four ranks: two merges (never a split that undoes a merge)
+    shards = [list(TokenBucketSampler([10] * 6, max_units=100, bucket_size=1, num_replicas=4, rank=r)) for r in range(4)]
+    assert sorted(_flat(sum(shards, []))) == list(range(6)) and [len(s) for s in shards] == [1, 1, 1, 1]
     assert sorted(_flat(sum(merged, []))) == [0, 1, 2, 3] and [len(m) for m in merged] == [1, 1, 1]
     with pytest.raises(ValueError, match="rank 2 is not in"):
         FixedSizeBatchSampler(10, 2, num_replicas=2, rank=2)

@@ -75,23 +75,22 @@ class _EpochBatchSampler(Sampler[list[int]], abc.ABC):
         return self._cache[1]
 
     def _balance(self, batches: list[list[int]]) -> list[list[int]]:
-        """Make the batch count a multiple of ``num_replicas``: split the largest batch, or, when
-        every batch is a single example, merge two that fit together."""
+        """Make the batch count a multiple of ``num_replicas``: split the largest batch while one has
+        two examples or more; once every batch is a single example, merge the smallest that fit."""
         batches = list(batches)
-        while len(batches) % self.num_replicas:
+        while len(batches) % self.num_replicas and max(map(len, batches)) >= 2:
             k = max(range(len(batches)), key=lambda j: len(batches[j]))
             b = batches[k]
-            if len(b) >= 2:
-                half = len(b) // 2
-                cut = half - half % self.size_multiple if half >= self.size_multiple else half
-                batches[k:k + 1] = [b[:cut], b[cut:]]
-                continue
+            half = len(b) // 2
+            cut = half - half % self.size_multiple if half >= self.size_multiple else half
+            batches[k:k + 1] = [b[:cut], b[cut:]]
+        while len(batches) % self.num_replicas:
             by_size = sorted(range(len(batches)), key=lambda j: self._units(batches[j]))
             pair = next(((a, c) for a, c in zip(by_size, by_size[1:])
                          if self._units(batches[a] + batches[c]) <= self.budget), None)
             if pair is None:
                 raise ValueError(f"cannot give {self.num_replicas} ranks equal batch counts: {len(batches)} "
-                                 "batches of one example each and no two fit in one batch")
+                                 "batches and no two fit in one batch")
             merged = batches[pair[0]] + batches[pair[1]]
             batches = [x for j, x in enumerate(batches) if j not in pair] + [merged]
         return batches

@@ -143,22 +143,25 @@ class ImageTextPairs(torch.utils.data.Dataset):
 
     ``max_len`` counts the special tokens. Over-long captions are truncated by default; with
     ``filter_long=True`` they are dropped instead, as UNITER does (its ``max_txt_len`` excludes
-    [CLS]/[SEP], so UNITER's 60 is ``max_len=62`` here).
+    [CLS]/[SEP], so UNITER's 60 is ``max_len=62`` here). Task datasets read their text from
+    ``text_key`` (a question, a statement, a hypothesis) and give ``targets(record) -> dict`` per
+    example, which `VLCollator` merges into ``VLBatch.targets``.
     """
 
     def __init__(self, records: Any, tokenizer: Any, image_source: Any, max_len: int = 62,
-                 filter_long: bool = False):
+                 filter_long: bool = False, text_key: str = "caption",
+                 targets: Callable[[dict[str, Any]], dict[str, Any]] | None = None):
         import datasets
 
         data = records if isinstance(records, datasets.Dataset) else datasets.Dataset.from_list(list(records))
         if len(data) == 0:
             raise ValueError("ImageTextPairs: no records (is the split empty?)")
-        missing = {"id", "image_id", "caption"} - set(data.column_names)
+        missing = {"id", "image_id", text_key} - set(data.column_names)
         if missing:
             raise KeyError(f"ImageTextPairs: records lack {', '.join(sorted(missing))} (have {data.column_names})")
         if max_len < 3:
             raise ValueError(f"ImageTextPairs: max_len={max_len} leaves no room for a caption")
-        ids = tokenizer(list(data["caption"]), truncation=not filter_long,
+        ids = tokenizer(list(data[text_key]), truncation=not filter_long,
                         max_length=None if filter_long else max_len)["input_ids"]
         if filter_long:
             keep = [k for k, x in enumerate(ids) if len(x) <= max_len]
@@ -166,7 +169,7 @@ class ImageTextPairs(torch.utils.data.Dataset):
         if len(data) == 0:
             raise ValueError(f"ImageTextPairs: every caption is longer than max_len={max_len}")
         self.data = data.add_column("input_ids", ids)
-        self.tokenizer, self.image_source = tokenizer, image_source
+        self.tokenizer, self.image_source, self.targets = tokenizer, image_source, targets
         self.max_len, self.filter_long = max_len, filter_long
 
     def __len__(self) -> int:
@@ -177,6 +180,8 @@ class ImageTextPairs(torch.utils.data.Dataset):
         example = {"id": str(row["id"]), "image_id": str(row["image_id"]),
                    "input_ids": torch.tensor(row["input_ids"], dtype=torch.long)}
         example.update(self.image_source(example["image_id"]))
+        if self.targets is not None:
+            example["targets"] = self.targets(row)
         return example
 
     def lengths(self) -> list[tuple[int, int]]:

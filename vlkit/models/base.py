@@ -45,6 +45,29 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
 
+@dataclasses.dataclass
+class BertStreamConfig(ModelConfig):
+    """The BERT text-stream fields ViLBERT and UNITER share (names as in the official JSON configs),
+    plus the region-input sizes: ``v_feature_size`` (detector feature) and ``v_target_size``
+    (detector classes including background)."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    v_feature_size: int = 2048
+    v_target_size: int = 1601
+
+
 class VLModel(nn.Module, metaclass=abc.ABCMeta):
     """Base class of the families: ``forward(batch) == fuse(encode_text(batch), encode_image(batch))``."""
 
@@ -151,7 +174,8 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
         return directory
 
 
-def _config_overrides(cfg: Mapping) -> tuple[str, str | None, dict[str, Any]]:
+def split_model_config(cfg: Mapping) -> tuple[str, str | None, dict[str, Any]]:
+    """``{name, preset, <field>: value | null}`` -> (name, preset, the non-null field overrides)."""
     from omegaconf import DictConfig, OmegaConf
 
     if isinstance(cfg, DictConfig):
@@ -172,7 +196,7 @@ def build_model(name_or_cfg: Any, preset: str | None = None, **overrides: Any) -
             name_or_cfg = dataclasses.replace(name_or_cfg, **overrides)
         return MODELS.get(name_or_cfg.family)(name_or_cfg)
     if isinstance(name_or_cfg, Mapping) or hasattr(name_or_cfg, "keys"):
-        name, cfg_preset, cfg_overrides = _config_overrides(name_or_cfg)
+        name, cfg_preset, cfg_overrides = split_model_config(name_or_cfg)
         return build_model(name, preset or cfg_preset, **{**cfg_overrides, **overrides})
     cls = MODELS.get(name_or_cfg)
     return cls(cls.config_class.from_preset(preset, **overrides))

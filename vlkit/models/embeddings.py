@@ -33,6 +33,12 @@ class BertTextEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(hidden_size, eps=eps)
         self.dropout = nn.Dropout(dropout)
 
+    @classmethod
+    def from_config(cls, c) -> "BertTextEmbeddings":
+        """From a config with the BERT field names (ViLBERT, UNITER)."""
+        return cls(c.vocab_size, c.hidden_size, c.max_position_embeddings, c.type_vocab_size, c.layer_norm_eps,
+                   c.hidden_dropout_prob, c.pad_token_id)
+
     def summed(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """word + position + type, before LayerNorm (ViLBERT inserts its task token here)."""
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)

@@ -120,6 +120,13 @@ class BertLayer(nn.Module):
         return self.output(self.intermediate(h), h)
 
 
+def bert_layers(c) -> nn.ModuleList:
+    """``c.num_hidden_layers`` BERT layers from a config with the BERT field names."""
+    return nn.ModuleList(BertLayer(c.hidden_size, c.num_attention_heads, c.intermediate_size, c.hidden_act,
+                                   c.layer_norm_eps, c.hidden_dropout_prob, c.attention_probs_dropout_prob)
+                         for _ in range(c.num_hidden_layers))
+
+
 class BertCrossLayer(BertLayer):
     """METER's co-attention layer for one stream: self-attention, cross-attention to the other
     stream, FFN (post-LN)."""

@@ -13,15 +13,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from vlkit.models.base import ModelConfig, VLModel
+from vlkit.models.base import BertStreamConfig, VLModel
 from vlkit.models.embeddings import BertTextEmbeddings, UniterRegionEmbeddings
-from vlkit.models.layers import BertLayer, Pooler, additive_mask, init_bert_weights
+from vlkit.models.layers import Pooler, additive_mask, bert_layers, init_bert_weights
 from vlkit.registry import register_model
 from vlkit.types import Encoded, VLBatch, VLOutput
 
 
 @dataclass
-class UniterConfig(ModelConfig):
+class UniterConfig(BertStreamConfig):
     """``config/uniter-base.json`` (bert-base-cased vocabulary) and ``uniter-large.json``."""
 
     family = "uniter"
@@ -32,22 +32,7 @@ class UniterConfig(ModelConfig):
         "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
     }
 
-    preset: str = "base"
-    vocab_size: int = 28996
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
-    hidden_act: str = "gelu"
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    initializer_range: float = 0.02
-    layer_norm_eps: float = 1e-12
-    pad_token_id: int = 0
-    v_feature_size: int = 2048  # IMG_DIM
-    v_target_size: int = 1601  # IMG_LABEL_DIM: detector classes incl. background
+    vocab_size: int = 28996  # bert-base-cased
 
 
 @register_model("uniter")
@@ -62,14 +47,11 @@ class Uniter(VLModel):
     def __init__(self, config: UniterConfig):
         super().__init__(config)
         c = config
-        self.embeddings = BertTextEmbeddings(c.vocab_size, c.hidden_size, c.max_position_embeddings, c.type_vocab_size,
-                                             c.layer_norm_eps, c.hidden_dropout_prob, c.pad_token_id)
+        self.embeddings = BertTextEmbeddings.from_config(c)
         self.img_embeddings = UniterRegionEmbeddings(c.v_feature_size, c.hidden_size, c.layer_norm_eps,
                                                      c.hidden_dropout_prob)
         self.encoder = nn.Module()
-        self.encoder.layer = nn.ModuleList(
-            BertLayer(c.hidden_size, c.num_attention_heads, c.intermediate_size, c.hidden_act, c.layer_norm_eps,
-                      c.hidden_dropout_prob, c.attention_probs_dropout_prob) for _ in range(c.num_hidden_layers))
+        self.encoder.layer = bert_layers(c)
         self.pooler = Pooler(c.hidden_size, c.hidden_size, "tanh")
         self.apply(lambda m: init_bert_weights(m, c.initializer_range))
 

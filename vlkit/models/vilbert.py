@@ -12,16 +12,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vlkit.models.base import ModelConfig, VLModel
+from vlkit.models.base import BertStreamConfig, VLModel
 from vlkit.models.embeddings import BertTextEmbeddings, ViLBERTRegionEmbeddings
 from vlkit.models.layers import (BertIntermediate, BertLayer, BertOutput, BiAttention, BiOutput, Pooler,
-                                 additive_mask, init_bert_weights)
+                                 additive_mask, bert_layers, init_bert_weights)
 from vlkit.registry import register_model
 from vlkit.types import Encoded, VLBatch, VLOutput
 
 
 @dataclass
-class ViLBERTConfig(ModelConfig):
+class ViLBERTConfig(BertStreamConfig):
     """``bert_base_6layer_6conect.json`` plus the ``BertConfig`` defaults the official code reads.
 
     ``num_coattention_layers`` (k in Table 2: 2/4/6/8) rewrites the layer schedule as the official
@@ -40,22 +40,6 @@ class ViLBERTConfig(ModelConfig):
                       t_biattention_id=[18, 19, 20, 21, 22, 23]),
     }
 
-    preset: str = "base"
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
-    hidden_act: str = "gelu"
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    initializer_range: float = 0.02
-    layer_norm_eps: float = 1e-12
-    pad_token_id: int = 0
-    v_feature_size: int = 2048
-    v_target_size: int = 1601
     v_hidden_size: int = 1024
     v_num_hidden_layers: int = 6
     v_num_attention_heads: int = 8
@@ -92,14 +76,11 @@ class ViLBERTEncoder(nn.Module):
 
     def __init__(self, c: ViLBERTConfig):
         super().__init__()
-        eps = c.layer_norm_eps
-        self.layer = nn.ModuleList(
-            BertLayer(c.hidden_size, c.num_attention_heads, c.intermediate_size, c.hidden_act, eps,
-                      c.hidden_dropout_prob, c.attention_probs_dropout_prob) for _ in range(c.num_hidden_layers))
+        self.layer = bert_layers(c)
         if c.single_stream:
             return
         self.v_layer = nn.ModuleList(
-            BertLayer(c.v_hidden_size, c.v_num_attention_heads, c.v_intermediate_size, c.v_hidden_act, eps,
+            BertLayer(c.v_hidden_size, c.v_num_attention_heads, c.v_intermediate_size, c.v_hidden_act, c.layer_norm_eps,
                       c.v_hidden_dropout_prob, c.v_attention_probs_dropout_prob) for _ in range(c.v_num_hidden_layers))
         self.c_layer = nn.ModuleList(ConnectionLayer(c) for _ in c.v_biattention_id)
 
@@ -146,8 +127,7 @@ class ViLBERT(VLModel):
     def __init__(self, config: ViLBERTConfig):
         super().__init__(config)
         c = config
-        self.embeddings = BertTextEmbeddings(c.vocab_size, c.hidden_size, c.max_position_embeddings, c.type_vocab_size,
-                                             c.layer_norm_eps, c.hidden_dropout_prob, c.pad_token_id)
+        self.embeddings = BertTextEmbeddings.from_config(c)
         if c.task_specific_tokens:
             self.embeddings.task_embeddings = nn.Embedding(c.num_task_tokens, c.hidden_size)
         v_hidden = c.hidden_size if c.single_stream else c.v_hidden_size

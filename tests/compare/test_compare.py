@@ -1,0 +1,72 @@
+"""Issue 6: the smoke comparison writes its table, CSV / JSON, manifest and plots, uses identical
+data for every family, and a rerun from its manifest reproduces the numbers."""
+import csv
+import json
+
+import pytest
+
+from vlkit.cli import main
+
+TIMING = {"wall_s", "train_samples_per_s", "latency_ms", "pretrain_wall_s"}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compare")
+    common = ["threads=1", "progress=false", f"cache_dir={root / 'cache'}"]
+    # two worker processes, then a single-process rerun: the numbers must not depend on scheduling
+    assert main(["compare", "compare=smoke", f"output_dir={root / 'first'}", "workers=2", *common]) == 0
+    assert main(["compare", f"manifest={root / 'first' / 'manifest.json'}", f"output_dir={root / 'rerun'}",
+                 "workers=1", *common]) == 0
+    return root
+
+
+def _records(directory):
+    return json.loads((directory / "results.json").read_text())["records"]
+
+
+def test_outputs_are_complete(smoke):
+    out = smoke / "first"
+    for name in ("results.md", "results.csv", "results.json", "manifest.json", "metrics.png", "loss_curves.png",
+                 "wra_plan.png"):
+        assert (out / name).stat().st_size > 0, name
+    records = _records(out)
+    assert len(records) == 3 * 2 * 2  # families x (pre-trained, scratch) x seeds
+    for r in records:
+        assert {"family", "preset", "objectives", "seed", "vqa", "ir_r1", "tr_r1", "nlvr2", "params", "wall_s"} <= set(r)
+        assert 0.0 <= r["vqa"] <= 1.0
+    assert {r["family"] for r in records if "refexp" in r} == {"vilbert", "uniter"}  # METER: no region head
+    assert all("zs_ir_r1" in r for r in records if r["variant"] == "pretrained")
+    with open(out / "results.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(records)
+    table = (out / "results.md").read_text()
+    assert "| run | variant | vqa" in table and "| meter | scratch |" in table
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {"config", "seeds", "data", "ids_seen", "feature_store", "packages", "git_commit"} <= set(manifest)
+    assert manifest["feature_store"]["sha256"] and manifest["packages"]["torch"]
+
+
+def test_every_family_sees_the_same_examples_in_the_same_order(smoke):
+    ids = json.loads((smoke / "first" / "manifest.json").read_text())["ids_seen"]
+    for seed in (0, 1):
+        pretrain = {ids["pretrain"][f"{family}/seed{seed}"] for family in ("vilbert", "uniter", "meter")}
+        assert len(pretrain) == 1
+        for task in ("vqa", "retrieval", "nlvr2"):
+            seen = {v for k, v in ids["finetune"].items() if k.endswith(f"seed{seed}/pretrained-{task}")
+                    or k.endswith(f"seed{seed}/scratch-{task}")}
+            assert len(seen) == 1, (task, seed)
+    assert ids["pretrain"]["uniter/seed0"] != ids["pretrain"]["uniter/seed1"]
+
+
+def test_rerun_from_manifest_reproduces_the_numbers(smoke):
+    first, rerun = _records(smoke / "first"), _records(smoke / "rerun")
+    strip = [{k: v for k, v in r.items() if k not in TIMING} for r in first]
+    assert strip == [{k: v for k, v in r.items() if k not in TIMING} for r in rerun]
+    a = json.loads((smoke / "first" / "manifest.json").read_text())
+    b = json.loads((smoke / "rerun" / "manifest.json").read_text())
+    assert a["data"]["hash"] == b["data"]["hash"] and a["ids_seen"] == b["ids_seen"]
+
+
+def test_output_dir_is_never_overwritten(smoke):
+    with pytest.raises(FileExistsError, match="not empty"):
+        main(["compare", "compare=smoke", f"output_dir={smoke / 'first'}"])

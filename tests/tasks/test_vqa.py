@@ -1,0 +1,357 @@
+"""VQA task: vocabulary, soft scores, official-format files, each family's head and loss, the exact
+metric on hand-checked cases, and learning on the shapes world.
+
+The helpers at the top (oracle region store, image sources, a plain training loop) are shared with
+test_snli_ve.py and test_nlvr2.py.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import vlkit
+from vlkit.data.pairs import PixelSource, RegionSource, build_transform
+from vlkit.data.shapes import ShapesWorld, shapes_tokenizer, write_shapes
+from vlkit.features.store import FeatureStoreWriter
+from vlkit.tasks.vqa import (HeadTask, VQATask, answer_vocabulary, classification_loss, shapes_vqa_records,
+                             soft_scores)
+
+FAMILIES = ("vilbert", "uniter", "meter")
+FEATURE_DIM = 256  # the tiny presets' v_feature_size
+
+
+# --------------------------------------------------------------------------------------------
+# Shared helpers
+# --------------------------------------------------------------------------------------------
+def region_store(path: Path, scenes: Mapping[str, Any]) -> Path:
+    """A feature store with one region per object of each scene: its ground-truth box and a feature
+    of one-hot kind and attributes (an oracle detector)."""
+    with FeatureStoreWriter(path, resume=False) as writer:
+        for image_id, scene in scenes.items():
+            feats = np.zeros((len(scene.objects), FEATURE_DIM), np.float32)
+            for k, obj in enumerate(scene.objects):
+                feats[k, obj.class_id] = 1.0
+                feats[k, [16 + a for a in obj.attribute_ids]] = 1.0
+            writer.add(image_id, features=feats, boxes=np.array([o.box for o in scene.objects], np.float32),
+                       image_h=scene.height, image_w=scene.width)
+    return path
+
+
+def world_store(world: ShapesWorld, path: Path) -> Path:
+    return region_store(path, {world.image_id(i): world.scene(i) for i in range(world.num_images)})
+
+
+def image_source(family: str, world: ShapesWorld, store: Path):
+    """Oracle regions for ViLBERT / UNITER, the rendered images (64 px, patch 8) for tiny METER."""
+    if family == "meter":
+        return PixelSource(world.load_image, build_transform(64), patch_size=8)
+    return RegionSource(store, num_bb=100)
+
+
+def tiny_model(family: str, **overrides):
+    return vlkit.build_model(family, preset="tiny", vocab_size=len(shapes_tokenizer()), **overrides)
+
+
+def train_steps(task: nn.Module, dataset, steps: int, lr: float = 1e-3, batch_size: int = 32, seed: int = 0):
+    """A plain AdamW loop over ``dataset`` (held in memory, reshuffled every epoch); returns the last LossOutput."""
+    torch.manual_seed(seed)
+    examples = [dataset[i] for i in range(len(dataset))]
+    collate = dataset.collator()
+    optimizer = torch.optim.AdamW(task.parameters(), lr=lr)
+    generator = torch.Generator().manual_seed(seed)
+    task.train()
+    step, out = 0, None
+    while step < steps:
+        order = torch.randperm(len(examples), generator=generator).tolist()
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            out = task(collate([examples[i] for i in order[start:start + batch_size]]))
+            optimizer.zero_grad()
+            out.loss.backward()
+            optimizer.step()
+            step += 1
+            if step == steps:
+                break
+    return out
+
+
+def first_batch(dataset, n: int = 4):
+    return dataset.collator()([dataset[i] for i in range(n)])
+
+
+def shapes_cfg(name: str, **extra: Any) -> dict:
+    return {"name": name, "source": "shapes", "max_len": 40, **extra}
+
+
+# --------------------------------------------------------------------------------------------
+# Fixtures
+# --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module", autouse=True)
+def single_thread():
+    """Tiny models run fastest on one intra-op thread (and are not slowed by a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def world() -> ShapesWorld:
+    return ShapesWorld(seed=0, num_images=200)
+
+
+@pytest.fixture(scope="module")
+def store(world, tmp_path_factory) -> Path:
+    return world_store(world, tmp_path_factory.mktemp("vqa") / "regions.h5")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return shapes_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def shapes_data(world, store, tok):
+    """``shapes_data(family)``: the shapes VQA data with that family's image source (built once per kind)."""
+    cache = {}
+
+    def get(family: str):
+        kind = "pixels" if family == "meter" else "regions"
+        if kind not in cache:
+            cache[kind] = VQATask.build_data(shapes_cfg("vqa"), tok, image_source(family, world, store), world)
+        return cache[kind]
+
+    return get
+
+
+# --------------------------------------------------------------------------------------------
+# Vocabulary and soft scores
+# --------------------------------------------------------------------------------------------
+def _q(mc: str | None, answers: list[str] | None = None) -> dict:
+    return {"multiple_choice_answer": mc, "answers": answers or ([mc] * 10 if mc else [])}
+
+
+def test_answer_vocabulary_by_frequency_of_normalised_answers():
+    records = [_q("yes"), _q("Yes."), _q("yes"), _q("Two"), _q("2"), _q("no"), _q("blue"), _q("blue"),
+               _q(None, ["red"] * 6 + ["blue"] * 4)]  # no multiple-choice answer: the most common human one
+    assert answer_vocabulary(records) == ["yes", "2", "blue", "no", "red"]  # ties alphabetical
+    assert answer_vocabulary(records, num_answers=2) == ["yes", "2"]
+    with pytest.raises(ValueError, match="num_answers"):
+        answer_vocabulary(records, num_answers=0)
+
+
+def test_soft_scores_are_min_1_n_over_3_of_normalised_human_answers():
+    vocab = {"yes": 0, "no": 1, "2": 2, "red": 3}
+    answers = ["Two", "2", "two.", "yes", "Yes", "no", "maybe", "maybe", "maybe", "maybe"]
+    labels, scores = soft_scores(answers, vocab)
+    assert labels == [0, 1, 2]  # "maybe" is not in the vocabulary, "red" nobody said
+    assert scores == pytest.approx([2 / 3, 1 / 3, 1.0])
+
+
+def test_classification_losses():
+    logits = torch.tensor([[2.0, -1.0, 0.5], [0.0, 1.0, -2.0]])
+    labels = torch.tensor([0, 2])
+    onehot = F.one_hot(labels, 3).float()
+    assert torch.allclose(classification_loss(logits, labels, "ce"), F.cross_entropy(logits, labels))
+    bce = F.binary_cross_entropy_with_logits(logits, onehot)
+    assert torch.allclose(classification_loss(logits, labels, "bce"), bce)
+    assert torch.allclose(classification_loss(logits, onehot, "bce_instance"), 3 * bce)
+    with pytest.raises(ValueError, match="unknown loss"):
+        classification_loss(logits, labels, "hinge")
+
+
+# --------------------------------------------------------------------------------------------
+# Official files
+# --------------------------------------------------------------------------------------------
+def _write_vqa(folder: Path, split: str, questions: list[tuple[int, int, str, list[str], str]],
+               annotate: bool = True) -> dict:
+    """VQAv2 json files for (question_id, image_id, question, human answers, answer type)."""
+    q_path = folder / f"v2_OpenEnded_mscoco_{split}2014_questions.json"
+    q_path.write_text(json.dumps({"task_type": "Open-Ended", "data_subtype": f"{split}2014", "questions": [
+        {"image_id": img, "question": text, "question_id": qid} for qid, img, text, _, _ in questions]}))
+    spec = {"questions": str(q_path), "image_id_format": f"COCO_{split}2014_{{:012d}}"}
+    if annotate:
+        a_path = folder / f"v2_mscoco_{split}2014_annotations.json"
+        a_path.write_text(json.dumps({"annotations": [
+            {"question_id": qid, "image_id": img, "answer_type": kind, "question_type": "what",
+             "multiple_choice_answer": max(set(ans), key=ans.count),
+             "answers": [{"answer": a, "answer_confidence": "yes", "answer_id": k + 1} for k, a in enumerate(ans)]}
+            for qid, img, _, ans, kind in questions]}))
+        spec["annotations"] = str(a_path)
+    return spec
+
+
+@pytest.fixture(scope="module")
+def vqa_files(world, tmp_path_factory):
+    """Hand-written VQAv2 train / val / test (no annotations) files over COCO-style image ids and
+    an oracle region store for those ids."""
+    folder = tmp_path_factory.mktemp("vqav2")
+    train = [(10, 1, "is there a cat?", ["yes"] * 10, "yes/no"), (11, 1, "is it red?", ["yes"] * 9 + ["no"], "yes/no"),
+             (12, 2, "is it big?", ["yes"] * 10, "yes/no"), (13, 2, "how many?", ["2"] * 10, "number"),
+             (14, 3, "how many dogs?", ["two"] * 8 + ["3"] * 2, "number"),
+             (15, 3, "how many cats?", ["3"] * 10, "number")]
+    val = [(20, 4, "how many circles?", ["2"] * 10, "number"),
+           (21, 4, "how many squares?", ["2"] * 2 + ["3"] * 8, "number"),
+           (22, 5, "how many crosses?", ["two"] + ["3"] * 9, "number"),
+           (23, 5, "is there a square?", ["yes"] * 10, "yes/no")]
+    test = [(30, 6, "what is it?", [], "other")]
+    files = {"train": _write_vqa(folder, "train", train), "val": _write_vqa(folder, "val", val),
+             "test": _write_vqa(folder, "test", test, annotate=False)}
+    ids = {f"COCO_{s}2014_{img:012d}": world.scene(img) for s, qs in (("train", train), ("val", val), ("test", test))
+           for _, img, *_ in qs}
+    return {"files": files, "store": region_store(folder / "regions.h5", ids)}
+
+
+def test_vqav2_files_give_vocabulary_soft_targets_and_unannotated_test(vqa_files, tok):
+    cfg = {"name": "vqa", "source": "files", "files": vqa_files["files"], "max_len": 12}
+    data = VQATask.build_data(cfg, tok, RegionSource(vqa_files["store"], num_bb=100))
+    assert data.options == {"answers": ["yes", "2", "3"], "majority_answer": "yes"}
+    assert len(data.train) == 6 and set(data.eval) == {"val", "test"}
+    example = data.train[4]  # eight "two" (-> "2"), two "3"
+    assert example["image_id"] == "COCO_train2014_000000000003"
+    assert example["targets"]["soft_targets"].tolist() == pytest.approx([0.0, 1.0, 2 / 3])
+    assert example["targets"]["answer_type"] == "number" and len(example["targets"]["answers"]) == 10
+    assert data.eval["test"][0]["targets"]["answers"] == []
+
+    task = VQATask(tiny_model("uniter"), **data.options).eval()
+    out = task.predict(first_batch(data.eval["test"], 1))
+    assert out["ids"] == ["30"] and out["answers"][0] in data.options["answers"]
+    with pytest.raises(ValueError, match="question '30'.*no human answers"):
+        task.evaluate(data.eval["test"])
+
+
+def test_files_source_needs_train_and_names_the_bad_file(tok, tmp_path, store):
+    with pytest.raises(ValueError, match="files.train"):
+        VQATask.build_data({"name": "vqa", "source": "files", "files": {"train": None}}, tok, None)
+    bad = tmp_path / "questions.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="questions.json"):
+        VQATask.build_data({"name": "vqa", "source": "files", "files": {"train": {"questions": str(bad)}}}, tok, None)
+    with pytest.raises(ValueError, match="unknown source"):
+        VQATask.build_data({"name": "vqa", "source": "web"}, tok, None)
+
+
+def test_shapes_source_matches_the_written_official_files(tok, tmp_path):
+    world = ShapesWorld(seed=3, num_images=30)
+    write_shapes(world, tmp_path)
+    src = RegionSource(world_store(world, tmp_path / "regions.h5"), num_bb=100)
+    name = "v2_OpenEnded_mscoco_{s}_questions.json", "v2_mscoco_{s}_annotations.json"
+    files = {s: {"questions": str(tmp_path / name[0].format(s=s)), "annotations": str(tmp_path / name[1].format(s=s))}
+             for s in ("train", "val", "test")}
+    from_files = VQATask.build_data({"name": "vqa", "source": "files", "files": files}, tok, src)
+    from_world = VQATask.build_data(shapes_cfg("vqa"), tok, src, world)
+    assert from_files.options == from_world.options
+    assert set(from_files.eval) == set(from_world.eval) == {"val", "test"}
+    pairs = [(from_files.train, from_world.train)] + [(from_files.eval[s], from_world.eval[s]) for s in ("val", "test")]
+    for a, b in pairs:
+        assert a.data.to_list() == b.data.to_list()
+    records = shapes_vqa_records(world, 0)
+    assert len(records) == 5 and all(len(r["answers"]) == 10 for r in records)
+
+
+# --------------------------------------------------------------------------------------------
+# Heads and losses
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", FAMILIES)
+def test_loss_is_bce_times_num_answers_and_backpropagates(family, shapes_data):
+    data = shapes_data(family)
+    task = VQATask(tiny_model(family), **data.options)
+    batch = first_batch(data.train, 6)
+    out = task(batch)
+    assert torch.isfinite(out.loss) and 0.0 <= out.detached_metrics()["vqa_score"] <= 1.0
+    out.loss.backward()
+    head = dict(task.named_parameters())[f"{task.head_name}.3.weight"]
+    assert head.grad is not None and head.grad.abs().sum() > 0
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in task.model.parameters())
+    task.eval()
+    soft = batch.targets["soft_targets"]
+    expected = F.binary_cross_entropy_with_logits(task.logits(batch), soft) * len(data.options["answers"])
+    assert torch.allclose(task(batch).loss, expected)
+
+
+def test_heads_have_the_official_names_and_layouts():
+    std = {}
+    for family in FAMILIES:
+        model = tiny_model(family)
+        task = VQATask(model, num_answers=7)
+        std[family] = task
+        j = model.joint_size
+        head = task.head
+        assert task.head_name == VQATask.head_names[family] and f"{task.head_name}.0.weight" in task.state_dict()
+        assert head[-1].weight.shape == (7, head[0].out_features)
+        if family == "meter":  # Linear(J, J), LayerNorm(1e-5), GELU, Linear
+            assert head[0].weight.shape == (j, j) and isinstance(head[1], nn.LayerNorm) and head[1].eps == 1e-5
+            assert isinstance(head[2], nn.GELU)
+        else:  # Linear(J, 2J), GELU, LayerNorm(1e-12), Linear
+            assert head[0].weight.shape == (2 * j, j) and isinstance(head[1], nn.GELU) and head[2].eps == 1e-12
+    assert std["vilbert"].joint_dropout.p == 0.1 and std["uniter"].joint_dropout.p == 0.0
+    assert std["meter"].joint_dropout.p == 0.0 and all(t.loss_kind == "bce_instance" for t in std.values())
+    with pytest.raises(ValueError, match="answers"):
+        VQATask(tiny_model("uniter"))
+    with pytest.raises(ValueError, match="num_answers=3 but 2"):
+        VQATask(tiny_model("uniter"), answers=["a", "b"], num_answers=3)
+
+
+def test_vilbert_task_tokens_get_the_official_task_id(shapes_data):
+    data = shapes_data("vilbert")
+    model = tiny_model("vilbert", task_specific_tokens=True)
+    task = VQATask(model, **data.options).eval()
+    batch = first_batch(data.train)
+    with pytest.raises(ValueError, match="task_ids"):
+        model(batch)
+    assert task.task_id == 1
+    logits = task.logits(batch)
+    other = VQATask(model, **data.options, task_id=5).eval()
+    other.load_state_dict(task.state_dict())
+    assert not torch.allclose(logits, other.logits(batch))  # the task token is really read
+
+
+def test_build_task_by_name():
+    task = vlkit.build_task("vqa", tiny_model("uniter"), num_answers=4)
+    assert isinstance(task, VQATask) and isinstance(task, HeadTask) and task.answers is None
+    assert task.predict(tiny_model("uniter").example_batch(2))["answers"] is None
+
+
+# --------------------------------------------------------------------------------------------
+# The metric
+# --------------------------------------------------------------------------------------------
+def test_evaluate_gives_the_official_accuracy_on_hand_checked_questions(vqa_files, tok):
+    cfg = {"name": "vqa", "source": "files", "files": vqa_files["files"], "max_len": 12}
+    data = VQATask.build_data(cfg, tok, RegionSource(vqa_files["store"], num_bb=100))
+    task = VQATask(tiny_model("uniter"), **data.options)
+    last = task.head[-1]
+    with torch.no_grad():  # always answer "2"
+        last.weight.zero_()
+        last.bias.fill_(-10.0)
+        last.bias[data.options["answers"].index("2")] = 10.0
+    metrics = task.evaluate(data.eval["val"], batch_size=3)
+    # humans: ten "2" -> 1; two "2" / eight "3" -> (2 * 1/3 + 8 * 2/3) / 10 = 0.6;
+    # one "two" (normalised to "2": the humans disagree) / nine "3" -> 9 * 1/3 / 10 = 0.3; ten "yes" -> 0
+    assert metrics["vqa"] == pytest.approx((1 + 0.6 + 0.3 + 0) / 4)
+    assert metrics["vqa_number"] == pytest.approx((1 + 0.6 + 0.3) / 3) and metrics["vqa_yes_no"] == 0.0
+    assert metrics["vqa_soft_score"] == pytest.approx((1 + 2 / 3 + 1 / 3 + 0) / 4)
+    assert metrics["vqa_majority_baseline"] == pytest.approx(0.25)  # "yes" is right on the last question only
+    assert task.training  # evaluate restores the mode
+
+
+# --------------------------------------------------------------------------------------------
+# Learning on the shapes world
+# --------------------------------------------------------------------------------------------
+def test_uniter_learns_vqa_on_shapes_well_above_the_majority_answer(shapes_data):
+    data = shapes_data("uniter")
+    torch.manual_seed(0)
+    task = VQATask(tiny_model("uniter"), **data.options)
+    before = task.evaluate(data.eval["val"])
+    out = train_steps(task, data.train, steps=100, lr=1e-3)
+    assert math.isfinite(out.loss.item())
+    after = task.evaluate(data.eval["val"])
+    assert after["vqa_majority_baseline"] == before["vqa_majority_baseline"] > 0.1
+    assert after["vqa"] > after["vqa_majority_baseline"] + 0.1, after
+    assert after["vqa"] > before["vqa"] + 0.1

@@ -1,0 +1,270 @@
+"""NLVR2: is a statement true of a pair of images? Label "True" = 1; accuracy.
+
+Batch layout: rows 2i / 2i+1 of a batch are the left / right image of example i (same text, id and
+label). `ImagePairTexts` yields one item per example and its collator flattens the pairs, so a
+sampler over items never splits a pair; `split_pairs` checks the layout on every batch.
+
+Heads (official keys): ViLBERT ``vil_binary_prediction`` = its VQA-style MLP over the two
+``dropout(joint)`` vectors concatenated (hidden 2 x joint); UNITER ``pair`` = ``nlvr2_output``
+Linear(2H, 2) over the two pooled [CLS], and ``pair_biattn`` (the official default, ``paired-attn``) =
+``UniterForNlvr2PairedAttn``: ``attn1`` / ``attn2`` cross-attention left->right and right->left over
+the whole sequences, ``fc`` on ``[attended, own]``, ``attn_pool`` per side, ``nlvr2_output`` on both
+pools; METER ``nlvr2_classifier`` [Linear(2 x joint, joint), LN, GELU, Linear(joint, 2)] over the
+joint vectors of two passes with image token types 1 and 2. UNITER (``use_img_type``, official
+default) and METER give the right image type id 2: the token-type table grows to 3 rows, row 2 a
+copy of row 1 (`extend_image_token_types`). Losses as the official codes train: ViLBERT BCE on
+one-hot targets, UNITER and METER cross-entropy.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vlkit.models.layers import init_bert_weights
+from vlkit.registry import register_task
+from vlkit.tasks.metrics import accuracy
+from vlkit.tasks.base import HeadTask, TaskData, classification_loss, classifier, label_target, most_common, split_records
+from vlkit.types import LossOutput, VLBatch, VLOutput
+
+HEADS = {"vilbert": ("pair",), "uniter": ("pair", "pair_biattn"), "meter": ("pair",)}
+DEFAULT_HEAD = {"vilbert": "pair", "uniter": "pair_biattn", "meter": "pair"}
+IMAGE_TYPE_KWARG = {"uniter": "img_type_id", "meter": "image_token_type_idx"}  # forward kwarg of each family
+
+
+# --------------------------------------------------------------------------------------------
+# Data: one statement, two images
+# --------------------------------------------------------------------------------------------
+class PairCollator:
+    """Items ``[left, right]`` -> one `VLBatch` whose rows 2i / 2i+1 are item i's left / right image."""
+
+    def __init__(self, collate: Callable[[list], VLBatch]):
+        self.collate = collate
+
+    def __call__(self, items: Sequence[Sequence[Mapping[str, Any]]]) -> VLBatch:
+        bad = next((k for k, item in enumerate(items) if len(item) != 2), None)
+        if bad is not None:
+            raise ValueError(f"PairCollator: item {bad} holds {len(items[bad])} examples, not a [left, right] pair")
+        return self.collate([example for item in items for example in item])
+
+
+class ImagePairTexts(torch.utils.data.Dataset):
+    """Records ``{id, left_image, right_image, <text_key>, ...}``: item i is ``[left, right]``, two
+    `vlkit.data.pairs.ImageTextPairs` examples with the same id, tokens and targets."""
+
+    def __init__(self, records: Sequence[Mapping[str, Any]], tokenizer: Any, image_source: Any, max_len: int = 40,
+                 filter_long: bool = False, text_key: str = "sentence",
+                 targets: Callable[[dict[str, Any]], dict[str, Any]] | None = None):
+        from vlkit.data.pairs import ImageTextPairs
+
+        rows = []
+        for k, r in enumerate(records):
+            missing = {"left_image", "right_image"} - set(r)
+            if missing:
+                raise KeyError(f"ImagePairTexts: record {r.get('id', k)!r} lacks {', '.join(sorted(missing))}")
+            rows.append({**r, "image_id": str(r["left_image"])})
+        self.pairs = ImageTextPairs(rows, tokenizer, image_source, max_len=max_len, filter_long=filter_long,
+                                    text_key=text_key, targets=targets)
+        self.right_images = [str(x) for x in self.pairs.data["right_image"]]
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, i: int) -> list[dict[str, Any]]:
+        left = self.pairs[i]
+        right = {k: v for k, v in left.items() if k in ("id", "input_ids", "targets")}
+        right["image_id"] = self.right_images[int(i)]
+        right.update(self.pairs.image_source(right["image_id"]))
+        return [left, right]
+
+    def lengths(self) -> list[tuple[int, int]]:
+        """(tokens, image units) of each item's two padded rows, for `vlkit.data.batching`."""
+        units = self.pairs.image_source.units
+        return [(2 * t, 2 * max(k, units(r))) for (t, k), r in zip(self.pairs.lengths(), self.right_images)]
+
+    def collator(self, **kwargs: Any) -> PairCollator:
+        return PairCollator(self.pairs.collator(**kwargs))
+
+
+def split_pairs(batch: VLBatch) -> tuple[VLBatch, VLBatch]:
+    """(left rows 0, 2, 4 ..., right rows 1, 3, 5 ...) of a paired batch, after checking the layout."""
+    b = batch.batch_size
+    if b % 2:
+        raise ValueError(f"nlvr2: a batch of {b} rows cannot hold image pairs (rows 2i / 2i+1 are the left / right "
+                         "image of example i)")
+    if batch.ids is not None:
+        bad = next((k for k in range(0, b, 2) if batch.ids[k] != batch.ids[k + 1]), None)
+        if bad is not None:
+            raise ValueError(f"nlvr2: rows {bad} and {bad + 1} hold examples {batch.ids[bad]!r} and "
+                             f"{batch.ids[bad + 1]!r}; a pair was split (sample items of ImagePairTexts, and shard "
+                             "batches into even parts)")
+    rows = torch.arange(b)
+    return batch.index(rows[0::2]), batch.index(rows[1::2])
+
+
+def extend_image_token_types(model: nn.Module) -> None:
+    """Grow the token-type table that holds the image type ids to 3 rows, row 2 a copy of row 1 (UNITER
+    ``init_type_embedding``, METER's NLVR2 set-up), and record the size in the model config."""
+    if model.family == "uniter":
+        owner, field = model.embeddings, "type_vocab_size"
+    elif model.family == "meter":
+        owner, field = model, "num_image_token_types"
+    else:
+        raise ValueError(f"{model.family} has no image token types")
+    old = owner.token_type_embeddings
+    if old.num_embeddings >= 3:
+        return
+    if old.num_embeddings < 2:
+        raise ValueError(f"{model.family}: the token-type table has {old.num_embeddings} row(s); need 2 to extend")
+    new = nn.Embedding(3, old.embedding_dim, device=old.weight.device, dtype=old.weight.dtype)
+    with torch.no_grad():
+        new.weight[:2] = old.weight
+        new.weight[2] = old.weight[1]
+    owner.token_type_embeddings = new
+    setattr(model.config, field, 3)
+
+
+class AttentionPool(nn.Module):
+    """UNITER's attention pooling: softmax over positions of ``ReLU(Linear(h))`` (pads get -1e4), dropout."""
+
+    def __init__(self, hidden_size: int, dropout: float = 0.0):
+        super().__init__()
+        self.fc = nn.Sequential(nn.Linear(hidden_size, 1), nn.ReLU())
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, states: Tensor, pad: Tensor) -> Tensor:
+        score = self.fc(states).squeeze(-1) + pad.to(states.dtype) * -1e4
+        weights = self.dropout(F.softmax(score, dim=1))
+        return (weights.unsqueeze(1) @ states).squeeze(1)
+
+
+def _sequence(out: VLOutput) -> tuple[Tensor, Tensor]:
+    """A UNITER output's whole sequence [n, T + K, H] and its padding (True = pad)."""
+    states = torch.cat([out.text_states, out.image_states], dim=1)
+    return states, torch.cat([out.text_mask, out.image_mask], dim=1) == 0
+
+
+# --------------------------------------------------------------------------------------------
+# The task
+# --------------------------------------------------------------------------------------------
+def shapes_nlvr2_records(world: Any, i: int) -> list[dict]:
+    """The statement about shapes images (i, partner) as a `vlkit.data.formats.read_nlvr2` record."""
+    r = world.nlvr2(i)
+    return [{"id": r["identifier"], "left_image": r["left_image"], "right_image": r["right_image"],
+             "sentence": r["sentence"], "label": r["label"] == "True"}]
+
+
+def _nlvr2_files(path: Any) -> list[dict]:
+    from vlkit.data.formats import read_nlvr2
+
+    return read_nlvr2(path)
+
+
+@register_task("nlvr2")
+class NLVR2Task(HeadTask):
+    """NLVR2 with the family's official head (``head``: UNITER ``pair_biattn`` (default) or ``pair``)."""
+
+    name = "nlvr2"
+    head_names = {"vilbert": "vil_binary_prediction", "uniter": "nlvr2_output", "meter": "nlvr2_classifier"}
+    official_losses = {"vilbert": "bce", "uniter": "ce", "meter": "ce"}
+    vilbert_task_id = 12  # vilbert_tasks.yml TASK12
+
+    def __init__(self, model: nn.Module, head: str | None = None, use_img_type: bool = True,
+                 majority_label: bool | None = None, loss: str | None = None, task_id: int | None = None):
+        super().__init__(model, loss, task_id)
+        family, joint = model.family, model.joint_size
+        self.head_kind = head or DEFAULT_HEAD[family]
+        if self.head_kind not in HEADS[family]:
+            raise ValueError(f"task nlvr2: {family} has no head {self.head_kind!r}; "
+                             f"choose one of {', '.join(HEADS[family])}")
+        self.image_type_kwarg = IMAGE_TYPE_KWARG.get(family) if use_img_type else None
+        if self.image_type_kwarg:
+            extend_image_token_types(model)
+        self.majority_label = majority_label
+        if family != "uniter":  # the family's classifier over both joint vectors (ViLBERT hidden 2 x joint)
+            self.set_head(classifier(model, 2, in_size=2 * joint, hidden=joint * (2 if family == "vilbert" else 1)))
+            return
+        c = model.config
+        self.set_head(nn.Linear(2 * joint, 2))
+        heads = [self.head]
+        if self.head_kind == "pair_biattn":
+            h = c.hidden_size
+            n_heads, drop = c.num_attention_heads, c.attention_probs_dropout_prob
+            self.attn1 = nn.MultiheadAttention(h, n_heads, drop, batch_first=True)  # left queries the right
+            self.attn2 = nn.MultiheadAttention(h, n_heads, drop, batch_first=True)  # right queries the left
+            self.fc = nn.Sequential(nn.Linear(2 * h, h), nn.ReLU(), nn.Dropout(c.hidden_dropout_prob))
+            self.attn_pool = AttentionPool(h, c.attention_probs_dropout_prob)
+            heads += [self.attn1, self.attn2, self.fc, self.attn_pool]
+        for module in heads:  # official init_weights: Linear layers (out_proj included); in_proj keeps xavier
+            module.apply(lambda m: init_bert_weights(m, c.initializer_range))
+
+    def _encode_side(self, batch: VLBatch, image_type: int) -> VLOutput:
+        return self.encode(batch, **({self.image_type_kwarg: image_type} if self.image_type_kwarg else {}))
+
+    def logits(self, batch: VLBatch) -> Tensor:
+        """[B / 2, 2] logits of the pairs of ``batch``."""
+        left, right = split_pairs(batch)
+        lo, ro = self._encode_side(left, 1), self._encode_side(right, 2)
+        if self.head_kind == "pair_biattn":
+            return self._bi_attention(lo, ro)
+        return self.head(torch.cat([self.joint(lo), self.joint(ro)], dim=-1))
+
+    def _bi_attention(self, lo: VLOutput, ro: VLOutput) -> Tensor:
+        (left, left_pad), (right, right_pad) = _sequence(lo), _sequence(ro)
+        l2r, _ = self.attn1(left, right, right, key_padding_mask=right_pad, need_weights=False)
+        r2l, _ = self.attn2(right, left, left, key_padding_mask=left_pad, need_weights=False)
+        left = self.attn_pool(self.fc(torch.cat([l2r, left], dim=-1)), left_pad)
+        right = self.attn_pool(self.fc(torch.cat([r2l, right], dim=-1)), right_pad)
+        return self.head(torch.cat([left, right], dim=-1))
+
+    def label_ids(self, batch: VLBatch) -> Tensor:
+        labels = self.target(batch)
+        if not isinstance(labels, Tensor):
+            first = next((i for i, x in zip(batch.ids or range(len(labels)), labels) if x is None), None)
+            raise ValueError(f"task nlvr2: example {first!r} has no label (an unlabeled split can only be predicted)")
+        labels = labels.long()
+        if not torch.equal(labels[0::2], labels[1::2]):
+            raise ValueError("task nlvr2: the two rows of a pair carry different labels")
+        return labels[0::2]
+
+    def forward(self, batch: VLBatch, step: int = 0, micro_step: int | None = None) -> LossOutput:
+        labels = self.label_ids(batch)
+        logits = self.logits(batch)
+        return LossOutput(classification_loss(logits, labels, self.loss_kind),
+                          {"nlvr2_acc": accuracy(logits.detach(), labels)})
+
+    def predict(self, batch: VLBatch) -> dict[str, Any]:
+        """Per pair: ``ids``, ``pred`` [B / 2] (1 = True), ``labels`` (bools), ``logits``."""
+        with torch.no_grad():
+            logits = self.logits(batch)
+        pred = logits.argmax(-1)
+        return {"ids": batch.ids[0::2] if batch.ids is not None else None, "pred": pred,
+                "labels": [bool(x) for x in pred.tolist()], "logits": logits}
+
+    def evaluate(self, data: Any, batch_size: int = 64) -> dict[str, float]:
+        """Accuracy (``nlvr2``) and that of always predicting the train majority label
+        (``nlvr2_majority_baseline``), fractions. ``batch_size`` counts pairs."""
+        correct, gold = [], []
+        for batch in self.batches(data, batch_size, "nlvr2 eval"):
+            labels = self.label_ids(batch)
+            correct.append(self.predict(batch)["pred"] == labels)
+            gold.append(labels)
+        gold_all = torch.cat(gold)
+        out = {"nlvr2": float(torch.cat(correct).double().mean())}
+        if self.majority_label is not None:
+            out["nlvr2_majority_baseline"] = float((gold_all == int(self.majority_label)).double().mean())
+        return out
+
+    @classmethod
+    def build_data(cls, cfg: Mapping[str, Any], tokenizer: Any, image_source: Any, world: Any = None) -> TaskData:
+        """Statements of the shapes world or of NLVR2 jsonl files (``files.<split>``: a path or a list)."""
+        splits = split_records(cfg, world, shapes_nlvr2_records, _nlvr2_files)
+        data = {s: ImagePairTexts(recs, tokenizer, image_source, max_len=cfg.get("max_len", 40),
+                                  filter_long=cfg.get("filter_long", False) and s == "train",
+                                  targets=label_target) for s, recs in splits.items()}
+        train = data.pop("train")
+        labels = [r["label"] for r in splits["train"] if r["label"] is not None]
+        return TaskData(train=train, eval=data, options={"majority_label": most_common(labels)})

@@ -1,0 +1,251 @@
+"""The glue of a run: data environment -> model -> pre-training or fine-tuning with the `Trainer`.
+
+`vlkit pretrain | finetune | evaluate` (``commands.py``) and `vlkit compare` call these functions,
+so a comparison runs exactly what the single commands run.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from vlkit.models.base import VLModel, split_model_config, from_pretrained
+from vlkit.registry import DATASETS, MODELS, TASKS
+
+PRETRAINING_WEIGHTS = "pretraining.safetensors"
+TASK_WEIGHTS = "task.safetensors"
+RUN_INFO = "run.json"
+
+
+def plain(cfg: Any) -> Any:
+    """A DictConfig (or anything) as plain Python containers."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, (DictConfig, ListConfig)) else copy.deepcopy(cfg)
+
+
+def cache_dir(cfg_value: str | None = None) -> Path:
+    """Where derived data (shapes feature stores) is cached: ``cache_dir=``, ``$VLKIT_CACHE`` or ~/.cache/vlkit."""
+    return Path(cfg_value or os.environ.get("VLKIT_CACHE") or Path.home() / ".cache" / "vlkit")
+
+
+def shapes_feature_store(world: Any, directory: Path, progress: bool = True) -> Path:
+    """Region features of every image of the shapes ``world`` from the shipped shapes detector,
+    extracted once into ``directory`` (resumable) and reused by every later run."""
+    from vlkit.features.detector import extract_features
+
+    path = directory / f"shapes_s{world.seed}_n{world.num_images}_px{world.image_size}.h5"
+    if not path.exists():
+        images = ((world.image_id(i), world.image(i)) for i in range(world.num_images))
+        extract_features(images, path, detector="shapes", progress=progress, total=world.num_images)
+    return path
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file (feature stores in manifests)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass
+class Environment:
+    """The data side of a run, resolved for one model family: the data config (with the image
+    source the family needs), the shapes world when ``data=shapes``, the tokenizer and image source."""
+
+    data: dict[str, Any]
+    world: Any
+    tokenizer: Any
+    image_source: Any
+
+    def model_overrides(self, model_cfg: Mapping[str, Any]) -> dict[str, Any]:
+        """Sizes the data decides: the tokenizer's vocabulary (unless a pre-trained text tower is
+        named) and the feature store's feature / class dimensions."""
+        name, _, overrides = split_model_config(model_cfg)
+        out: dict[str, Any] = {}
+        if not overrides.get("text_pretrained"):
+            out["vocab_size"] = len(self.tokenizer)
+        store = getattr(self.image_source, "store", None)
+        if store is not None:
+            out["v_feature_size"] = store.feature_dim
+            if store.num_classes:
+                out["v_target_size"] = store.num_classes
+        return {k: v for k, v in out.items() if k not in overrides}
+
+
+def prepare_environment(model_cfg: Mapping[str, Any], data_cfg: Mapping[str, Any], cache: str | None = None,
+                        progress: bool = True) -> Environment:
+    """Resolve ``data_cfg`` for the family of ``model_cfg``: region families on the shapes world get
+    the shipped detector's features (extracted once, cached); pixel families get images resized to
+    the model's input size."""
+    from vlkit.data.pairs import build_image_source, build_tokenizer
+
+    data = plain(data_cfg)
+    name, preset, overrides = split_model_config(model_cfg)
+    cls = MODELS.get(name)
+    config = cls.config_class.from_preset(preset, **{k: v for k, v in overrides.items()})
+    image = data.setdefault("image", {})
+    world = None
+    if data.get("name") == "shapes":
+        from vlkit.data.shapes import ShapesWorld
+
+        world = ShapesWorld(data.get("seed", 0), data.get("num_images", 2000), data.get("image_size", 128))
+        if cls.image_input == "regions" and image.get("source", "shapes") == "shapes":
+            image.update(source="features", path=str(shapes_feature_store(world, cache_dir(cache), progress)))
+    if cls.image_input == "pixels":
+        if image.get("source") == "features":
+            raise ValueError(f"data.image.source=features gives region features; {name} takes pixels")
+        image.setdefault("size", None)
+        image["size"] = image["size"] or config.image_size
+        image["patch_size"] = config.patch_size
+    elif image.get("source") != "features":
+        raise ValueError(f"{name} takes region features: set data.image.source=features and data.image.path")
+    tokenizer = build_tokenizer(data.get("tokenizer", "shapes"))
+    return Environment(data, world, tokenizer, build_image_source(image, world))
+
+
+def build_run_model(env: Environment, model_cfg: Mapping[str, Any], init: str | None = None) -> VLModel:
+    """The model of a run: ``from_pretrained(init/model)`` when ``init`` names a pre-training run (or a
+    saved model directory), else built from ``model_cfg`` with the data's sizes."""
+    from vlkit.models.base import build_model
+
+    if init:
+        init_path = Path(init)
+        return from_pretrained(init_path / "model" if (init_path / "model").is_dir() else init_path)
+    return build_model(plain(model_cfg), **env.model_overrides(plain(model_cfg)))
+
+
+def pretraining_dataset(env: Environment):
+    """The image-text pairs of ``env.data`` (registered dataset ``data.name``)."""
+    return DATASETS.get(env.data["name"])(env.data)
+
+
+def save_run(directory: Path, module: torch.nn.Module, info: dict[str, Any]) -> None:
+    """Write the final model (``model/``), the whole training module's weights and ``run.json``."""
+    from safetensors.torch import save_model
+
+    from vlkit.io import atomic_path, atomic_write_text
+
+    directory.mkdir(parents=True, exist_ok=True)
+    module.model.save_pretrained(directory / "model")
+    name = TASK_WEIGHTS if info.get("kind") == "finetune" else PRETRAINING_WEIGHTS
+    with atomic_path(directory / name) as tmp:
+        save_model(module, str(tmp))
+    atomic_write_text(directory / RUN_INFO, json.dumps(info, indent=2, sort_keys=True, default=str))
+
+
+def load_pretraining(directory: str | Path, model: VLModel | None = None):
+    """The `Pretraining` module (model + objective heads) saved by a pre-training run."""
+    from safetensors.torch import load_model
+
+    from vlkit.objectives import build_pretraining
+
+    directory = Path(directory)
+    info = json.loads((directory / RUN_INFO).read_text())
+    model = model or from_pretrained(directory / "model")
+    pre = build_pretraining(model, info["objectives"], seed=info.get("seed"))
+    _fit_tokenizers(pre, None)
+    load_model(pre, str(directory / PRETRAINING_WEIGHTS), strict=True)
+    return pre
+
+
+def _fit_tokenizers(pre, dataset, samples: int = 256) -> None:
+    """Fit data-dependent objective parts (MIM's k-means codebook) on the first training images."""
+    for objective in pre.objectives.values():
+        if getattr(objective, "needs_fit", False):
+            if dataset is None:  # loading saved weights: the codebook comes from the checkpoint
+                objective.tokenizer.fitted.fill_(True)
+                continue
+            pixels = torch.stack([dataset[i]["pixel_values"] for i in range(min(samples, len(dataset)))])
+            objective.fit(pixels)
+
+
+class RecordingLoader:
+    """A training loader that remembers the id of every example it hands out (identical-data audit)."""
+
+    def __init__(self, loader: Any, seen: list[str]):
+        self.loader, self.seen = loader, seen
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.batch_sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        for batch in self.loader:
+            self.seen.extend(batch.ids or [])
+            yield batch
+
+
+def _fit(module: torch.nn.Module, dataset: Any, collate: Any, trainer_cfg: Any, output_dir: str | Path, seed: int,
+         seen: list[str] | None, lengths: Any = None):
+    from vlkit.train.trainer import Trainer, TrainerConfig
+
+    config = TrainerConfig.from_cfg(trainer_cfg, output_dir=str(output_dir), seed=seed)
+    trainer = Trainer(module, config)
+    loader = trainer.loader(dataset, collate, lengths() if config.batching == "units" else None)
+    return trainer.fit(loader if seen is None else RecordingLoader(loader, seen))
+
+
+def pretrain_model(env: Environment, model: VLModel, mix: Any, trainer_cfg: Any, output_dir: str | Path,
+                   seed: int = 0, seen: list[str] | None = None):
+    """Pre-train ``model`` on ``env``'s pairs with objective mix ``mix``; returns (module, TrainResult).
+    ``seen`` (a list) receives the id of every training example in the order it was used."""
+    from vlkit.objectives import build_pretraining
+
+    mix = plain(mix)
+    pre = build_pretraining(model, mix, tokenizer=env.tokenizer, seed=seed)
+    dataset = pretraining_dataset(env)
+    _fit_tokenizers(pre, dataset)
+    result = _fit(pre, dataset, dataset.collator(), trainer_cfg, output_dir, seed, seen, dataset.lengths)
+    save_run(Path(output_dir), pre, {"kind": "pretrain", "family": model.family, "objectives": mix, "seed": seed,
+                                     "data": env.data, "steps": result.step})
+    return pre, result
+
+
+def finetune_task(env: Environment, model: Any, task_cfg: Mapping[str, Any], trainer_cfg: Any,
+                  output_dir: str | Path, seed: int = 0, eval_splits: tuple[str, ...] = ("val",),
+                  seen: list[str] | None = None):
+    """Fine-tune on the task of ``task_cfg`` and evaluate on ``eval_splits``.
+
+    ``model`` is a `VLModel`, or a `Pretraining` module whose heads a task may start from (retrieval
+    initialises its rank head from the ITM head); other tasks take its model. Returns
+    ``(task, data, result, metrics)`` with ``metrics`` as ``<split>/<metric>``.
+    """
+    from vlkit.objectives import Pretraining
+    from vlkit.tasks import build_task
+
+    task_cfg = plain(task_cfg)
+    name = task_cfg["name"]
+    cls = TASKS.get(name)
+    data = cls.build_data(task_cfg, env.tokenizer, env.image_source, env.world)
+    options = {**data.options, **(task_cfg.get("options") or {})}
+    if isinstance(model, Pretraining) and not cls.from_pretraining:
+        model = model.model
+    task = build_task(name, model, **options)
+    collate = data.collate or data.train.collator()
+    result = _fit(task, data.train, collate, trainer_cfg, output_dir, seed, seen, getattr(data.train, "lengths", None))
+    metrics = evaluate_task(task, data, eval_splits, task_cfg.get("eval_batch_size", 64))
+    info = {"kind": "finetune", "task": name, "family": task.model.family, "options": _jsonable(options),
+            "seed": seed, "data": env.data, "task_cfg": task_cfg, "steps": result.step, "metrics": metrics}
+    save_run(Path(output_dir), task, info)
+    return task, data, result, metrics
+
+
+def evaluate_task(task: Any, data: Any, splits: tuple[str, ...], batch_size: int = 64) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for split in splits:
+        if split not in data.eval:
+            raise KeyError(f"task {task.name!r} has no {split!r} evaluation set; it has {', '.join(data.eval)}")
+        out.update({f"{split}/{k}": float(v) for k, v in task.evaluate(data.eval[split], batch_size=batch_size).items()})
+    return out
+
+
+def _jsonable(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if isinstance(v, (str, int, float, bool, list, dict, type(None)))}
