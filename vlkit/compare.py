@@ -11,7 +11,6 @@ no-pre-training baseline of the same model. Results are reported per seed and as
 """
 from __future__ import annotations
 
-import copy
 import csv
 import hashlib
 import json
@@ -31,7 +30,6 @@ from vlkit.train import pipeline
 
 # Metrics the tables show first, in this order (anything else follows alphabetically).
 HEADLINE = ("vqa", "ir_r1", "tr_r1", "zs_ir_r1", "zs_tr_r1", "refexp", "nlvr2", "snli_ve", "meta_sum")
-HIGHER_IS_BETTER = True  # every reported metric is an accuracy or a recall
 PACKAGES = ("torch", "torchvision", "transformers", "timm", "accelerate", "hydra-core", "datasets", "h5py", "pot",
             "safetensors", "numpy")
 
@@ -194,9 +192,8 @@ class Comparison:
 
         from vlkit.cli import CONF_DIR
 
-        cfg = pipeline.plain(OmegaConf.load(CONF_DIR / "task" / f"{name}.yaml"))
-        cfg.update(copy.deepcopy((self.compare.get("task_overrides") or {}).get(name) or {}))
-        return cfg
+        overrides = (self.compare.get("task_overrides") or {}).get(name) or {}
+        return pipeline.plain(OmegaConf.merge(OmegaConf.load(CONF_DIR / "task" / f"{name}.yaml"), overrides))
 
     def tasks_for(self, spec: RunSpec) -> list[str]:
         from vlkit.registry import MODELS
@@ -306,7 +303,7 @@ class Comparison:
                                                       out_dir, seed, (self.compare.get("eval_split", "val"),), seen)
         metrics = {_metric_name(task, k.split("/", 1)[1]): v for k, v in raw.items()}
         out = {"wall_s": time.perf_counter() - start, "metrics": metrics, "params": _parameters(module.model),
-               "ids": {str(out_dir.relative_to(self.output_dir)): digest(seen)},
+               "finetune_ids": {str(out_dir.relative_to(self.output_dir)): digest(seen)},
                "data": {task: digest(_dataset_keys(data.train))}}
         if task == "vqa":
             out["latency_ms"] = inference_latency(module.model, data.train)
@@ -331,8 +328,7 @@ class Comparison:
                     for part in parts:
                         record.update(part["metrics"])
                         self.audit["data"].update(part["data"])
-                        if isinstance(part["ids"], dict):
-                            self.audit["finetune_ids"].update(part["ids"])
+                        self.audit["finetune_ids"].update(part.get("finetune_ids", {}))
                         for key in ("params", "latency_ms"):
                             if key in part:
                                 record[key] = part[key]

@@ -70,3 +70,22 @@ def test_rerun_from_manifest_reproduces_the_numbers(smoke):
 def test_output_dir_is_never_overwritten(smoke):
     with pytest.raises(FileExistsError, match="not empty"):
         main(["compare", "compare=smoke", f"output_dir={smoke / 'first'}"])
+
+
+@pytest.mark.parametrize("preset", ["default", "smoke", "masking", "objectives", "fusion", "mim"])
+def test_every_shipped_comparison_builds_its_runs(preset):
+    """Each run of each shipped comparison composes, loads its objective mix and builds its model and
+    pre-training module (a typo in a preset fails here, not an hour into a comparison)."""
+    import vlkit
+    from vlkit.cli import compose
+    from vlkit.compare import objective_mix, resolve_config, run_specs
+
+    cfg = resolve_config(compose("compare", [f"compare={preset}"]))
+    specs = run_specs(cfg["compare"])
+    assert specs and len({s.name for s in specs}) == len(specs)
+    for spec in specs:
+        model = vlkit.build_model(dict(spec.model))
+        mix = objective_mix(spec)
+        if mix is not None:
+            pre = vlkit.build_pretraining(model, mix)
+            assert set(pre.objectives) >= set(mix["objectives"]) - {"wra"}

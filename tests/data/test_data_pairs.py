@@ -224,3 +224,23 @@ def test_dataloader_with_dynamic_batches(store_path):
         seen += batch.ids
     assert sorted(seen) == sorted(r["id"] for r in _records(6, 8))
     assert 0 <= padding_fraction(list(sampler), lengths) < 1
+
+
+def test_cached_source_loads_each_image_once_and_hands_out_copies(store_path):
+    from vlkit.data.pairs import build_image_source
+
+    source = build_image_source({"source": "features", "path": str(store_path), "num_bb": 4, "cache": True})
+    image_id = source.store.ids()[0]
+    clone = pickle.loads(pickle.dumps(source))  # DataLoader workers and spawned compare workers get a copy
+    assert torch.equal(clone(image_id)["region_feats"], source(image_id)["region_feats"])
+    source = build_image_source({"source": "features", "path": str(store_path), "num_bb": 4, "cache": True})
+    calls = []
+    load = source.source.store.load
+    source.source.store.load = lambda *a, **k: calls.append(a[0]) or load(*a, **k)
+    first = source(image_id)
+    first["region_feats"] = None  # a consumer replacing a field must not reach the cache
+    second = source(image_id)
+    assert calls == [image_id] and second["region_feats"].shape == (4, source.store.feature_dim)
+    assert source.units(image_id) == 4  # delegated to the wrapped RegionSource
+    plain = build_image_source({"source": "features", "path": str(store_path), "num_bb": 4})
+    assert isinstance(plain, RegionSource) and torch.equal(plain(image_id)["region_feats"], second["region_feats"])

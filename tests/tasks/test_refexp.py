@@ -222,8 +222,7 @@ def test_meter_has_no_region_head(build_tiny):
 
 def test_config_keys_are_read(tok, world, regions):
     cfg = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "task" / "refexp.yaml"))
-    data_keys = {"name", "source", "refs", "instances", "image_id_format", "train_split", "eval_splits", "max_len"}
-    task = RefExp(vlkit.build_model("uniter", preset="tiny"), **{k: v for k, v in cfg.items() if k not in data_keys})
+    task = RefExp(vlkit.build_model("uniter", preset="tiny"), **cfg["options"])
     assert task.labels == "iou" and len(task.re_output) == 4
     assert set(RefExp.build_data(cfg, tok, regions, world).eval) == {"val", "test"}
 

@@ -332,9 +332,7 @@ def test_errors(world, tok, build_tiny):
 
 def test_config_keys_are_read(tok, world):
     cfg = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "task" / "retrieval.yaml"))
-    data_keys = {"name", "source", "path", "image_id", "train_split", "eval_splits", "max_len", "filter_long"}
-    options = {k: v for k, v in cfg.items() if k not in data_keys}
-    task = Retrieval(vlkit.build_model("uniter", preset="tiny"), **options)
+    task = Retrieval(vlkit.build_model("uniter", preset="tiny"), **cfg["options"])
     assert task.recipe == "uniter" and task.eval_mode == "cached"
     data = Retrieval.build_data(cfg, tok, SceneRegions(world), world)
     assert data.eval["val"].num_images == 20

@@ -296,8 +296,32 @@ def build_tokenizer(name: str):
     return AutoTokenizer.from_pretrained(name)
 
 
+class CachedSource:
+    """An image source that keeps every image's fields in memory after its first load (``data.image.
+    cache=true``): for small data read many times, and deterministic transforms only (no RandAugment)."""
+
+    def __init__(self, source: Any):
+        self.source = source
+        self._fields: dict[str, dict[str, Tensor]] = {}
+
+    def __call__(self, image_id: str) -> dict[str, Tensor]:
+        if image_id not in self._fields:
+            self._fields[image_id] = self.source(image_id)
+        return dict(self._fields[image_id])
+
+    def __getattr__(self, name: str) -> Any:  # units(), store, patch_size ... of the wrapped source
+        if name in ("source", "_fields"):
+            raise AttributeError(name)
+        return getattr(self.source, name)
+
+
 def build_image_source(cfg: Mapping[str, Any], world: Any = None):
     """An image source from the ``image`` block of a data config (see ``conf/data/*.yaml``)."""
+    source = _image_source(cfg, world)
+    return CachedSource(source) if cfg.get("cache") else source
+
+
+def _image_source(cfg: Mapping[str, Any], world: Any = None):
     kind = cfg.get("source", "features")
     if kind == "features":
         if not cfg.get("path"):
