@@ -37,10 +37,11 @@ def list_objectives() -> list[str]:
     return OBJECTIVES.names()
 
 
-def build_objective(name: str, **cfg: Any):
+def build_objective(name: str, model, **cfg: Any):
+    """One objective with its head for ``model``: ``build_objective("itm", model, split="half")``."""
     from vlkit.objectives import build_objective as _build
 
-    return _build(name, **cfg)
+    return _build(name, model, **cfg)
 
 
 def build_pretraining(model, mix: Any):

@@ -236,3 +236,17 @@ def test_tiny_model_overfits_16_pairs_with_its_own_recipe(family, build_tiny):
                 itm.append(float(m["itm/acc"]))
     assert sum(mlm) / len(mlm) > 0.9, mlm
     assert sum(itm) / len(itm) > 0.9, itm
+
+
+def test_top_level_api_builds_an_objective_and_a_pretraining(build_tiny):
+    import vlkit
+
+    model = build_tiny("uniter")
+    assert {"mlm", "mrfr", "mrc", "mrc_kl", "itm", "wra", "mim"} <= set(vlkit.list_objectives())
+    itm = vlkit.build_objective("itm", model, negatives="image", split="half")
+    assert itm.split == "half"
+    with pytest.raises(TypeError, match="no option"):
+        vlkit.build_objective("itm", model=model, not_an_option=1)
+    pre = vlkit.build_pretraining(model, "uniter")
+    out = pre(model.example_batch(batch_size=2), step=0)
+    assert torch.isfinite(out.loss) and any(k.startswith("objective/") for k in out.metrics)
