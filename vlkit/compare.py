@@ -110,14 +110,15 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, f
 
 
 def paired_p_value(a: Sequence[float], b: Sequence[float]) -> float:
-    """Two-sided paired t-test over seeds (NaN when it cannot be computed)."""
+    """Two-sided paired t-test over seeds; NaN (not significant) when it cannot be computed: fewer than
+    two seeds, or differences without spread (the t statistic is undefined, not infinitely sure)."""
     from scipy import stats
 
     if len(a) != len(b) or len(a) < 2:
         return float("nan")
     diffs = [x - y for x, y in zip(a, b)]
     if all(d == diffs[0] for d in diffs):
-        return 0.0 if diffs[0] != 0 else 1.0
+        return float("nan")
     return float(stats.ttest_rel(a, b).pvalue)
 
 

@@ -89,3 +89,18 @@ def test_every_shipped_comparison_builds_its_runs(preset):
         if mix is not None:
             pre = vlkit.build_pretraining(model, mix)
             assert set(pre.objectives) >= set(mix["objectives"]) - {"wra"}
+
+
+def test_confidence_intervals_and_significance_marks():
+    import math
+
+    from vlkit.compare import _cell, mean_ci, paired_p_value
+
+    mean, ci = mean_ci([0.40, 0.44, 0.48])
+    assert mean == pytest.approx(0.44) and ci == pytest.approx(4.302653 * 0.04 / math.sqrt(3), rel=1e-5)
+    assert math.isnan(mean_ci([0.5])[1])
+    assert paired_p_value([0.5, 0.6, 0.7], [0.4, 0.45, 0.62]) == pytest.approx(0.0340, abs=1e-4)  # d = .1 .15 .08
+    assert math.isnan(paired_p_value([0.5], [0.4]))  # one seed: no test
+    assert math.isnan(paired_p_value([0.5, 0.6], [0.4, 0.5]))  # no spread in the differences: undefined
+    assert _cell({"mean": 0.5, "ci95": 0.01, "vs_scratch_p": 0.01}) == "50.0 ± 1.0"
+    assert _cell({"mean": 0.5, "ci95": 0.01, "vs_scratch_p": float("nan")}).endswith("†")
