@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_model, save_model
 
-from test_vqa import (first_batch, image_source, region_store, shapes_cfg, single_thread,  # noqa: F401
-                      tiny_model, train_steps, world_store)
+from shapes_helpers import (first_batch, region_store, shapes_cfg, shapes_data_getter, tiny_model, train_steps,
+                            world_store)
 from vlkit.data.pairs import RegionSource
-from vlkit.data.shapes import ShapesWorld, shapes_tokenizer, write_shapes
+from vlkit.data.shapes import ShapesWorld, write_shapes
 from vlkit.models.base import from_pretrained
 from vlkit.tasks.nlvr2 import NLVR2Task, PairCollator, extend_image_token_types, split_pairs
 from vlkit.train.distributed import build_train_loader
@@ -32,21 +32,8 @@ def store(world, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return shapes_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def shapes_data(world, store, tok):
-    cache = {}
-
-    def get(family: str):
-        kind = "pixels" if family == "meter" else "regions"
-        if kind not in cache:
-            cache[kind] = NLVR2Task.build_data(shapes_cfg("nlvr2"), tok, image_source(family, world, store), world)
-        return cache[kind]
-
-    return get
+    return shapes_data_getter(NLVR2Task, "nlvr2", world, store, tok)
 
 
 def _write_nlvr2(path: Path, rows: list[tuple[str, str, str]]) -> str:

@@ -31,11 +31,6 @@ def _one_thread():
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return shapes_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def world():
     return ShapesWorld(seed=0, num_images=150)
 

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 import vlkit
 from vlkit.data.pairs import PixelSource, build_transform
 from vlkit.cli import CONF_DIR
-from vlkit.data.shapes import COLORS, KINDS, SIZES, ShapesWorld, shapes_tokenizer, write_shapes
+from vlkit.data.shapes import COLORS, KINDS, SIZES, ShapesWorld, write_shapes
 from vlkit.objectives import build_objective, build_pretraining
 from vlkit.tasks.retrieval import Retrieval, RetrievalSet, image_similarity
 
@@ -29,11 +29,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return shapes_tokenizer()
 
 
 @pytest.fixture(scope="module")

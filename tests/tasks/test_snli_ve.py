@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from test_vqa import (FAMILIES, first_batch, image_source, region_store, shapes_cfg, single_thread,  # noqa: F401
-                      tiny_model, train_steps, world_store)
+from shapes_helpers import (FAMILIES, first_batch, region_store, shapes_cfg, shapes_data_getter, tiny_model,
+                            train_steps, world_store)
 from vlkit.data.formats import VE_LABELS, FormatError
 from vlkit.data.pairs import RegionSource
-from vlkit.data.shapes import ShapesWorld, shapes_tokenizer, write_shapes
+from vlkit.data.shapes import ShapesWorld, write_shapes
 from vlkit.tasks.snli_ve import SNLIVETask
 
 
@@ -29,21 +29,8 @@ def store(world, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return shapes_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def shapes_data(world, store, tok):
-    cache = {}
-
-    def get(family: str):
-        kind = "pixels" if family == "meter" else "regions"
-        if kind not in cache:
-            cache[kind] = SNLIVETask.build_data(shapes_cfg("snli_ve"), tok, image_source(family, world, store), world)
-        return cache[kind]
-
-    return get
+    return shapes_data_getter(SNLIVETask, "snli_ve", world, store, tok)
 
 
 def _write_jsonl(path: Path, rows: list[tuple[str, str, str]]) -> str:

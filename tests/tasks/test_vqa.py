@@ -1,107 +1,28 @@
 """VQA task: vocabulary, soft scores, official-format files, each family's head and loss, the exact
 metric on hand-checked cases, and learning on the shapes world.
 
-The helpers at the top (oracle region store, image sources, a plain training loop) are shared with
-test_snli_ve.py and test_nlvr2.py.
-"""
+Shared helpers: shapes_helpers.py."""
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-from typing import Any, Mapping
-
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import vlkit
-from vlkit.data.pairs import PixelSource, RegionSource, build_transform
-from vlkit.data.shapes import ShapesWorld, shapes_tokenizer, write_shapes
-from vlkit.features.store import FeatureStoreWriter
+from shapes_helpers import (FAMILIES, first_batch, region_store, shapes_cfg, shapes_data_getter, tiny_model,
+                            train_steps, world_store)
+from vlkit.data.pairs import RegionSource
+from vlkit.data.shapes import ShapesWorld, write_shapes
 from vlkit.tasks.vqa import (HeadTask, VQATask, answer_vocabulary, classification_loss, shapes_vqa_records,
                              soft_scores)
-
-FAMILIES = ("vilbert", "uniter", "meter")
-FEATURE_DIM = 256  # the tiny presets' v_feature_size
-
-
-# --------------------------------------------------------------------------------------------
-# Shared helpers
-# --------------------------------------------------------------------------------------------
-def region_store(path: Path, scenes: Mapping[str, Any]) -> Path:
-    """A feature store with one region per object of each scene: its ground-truth box and a feature
-    of one-hot kind and attributes (an oracle detector)."""
-    with FeatureStoreWriter(path, resume=False) as writer:
-        for image_id, scene in scenes.items():
-            feats = np.zeros((len(scene.objects), FEATURE_DIM), np.float32)
-            for k, obj in enumerate(scene.objects):
-                feats[k, obj.class_id] = 1.0
-                feats[k, [16 + a for a in obj.attribute_ids]] = 1.0
-            writer.add(image_id, features=feats, boxes=np.array([o.box for o in scene.objects], np.float32),
-                       image_h=scene.height, image_w=scene.width)
-    return path
-
-
-def world_store(world: ShapesWorld, path: Path) -> Path:
-    return region_store(path, {world.image_id(i): world.scene(i) for i in range(world.num_images)})
-
-
-def image_source(family: str, world: ShapesWorld, store: Path):
-    """Oracle regions for ViLBERT / UNITER, the rendered images (64 px, patch 8) for tiny METER."""
-    if family == "meter":
-        return PixelSource(world.load_image, build_transform(64), patch_size=8)
-    return RegionSource(store, num_bb=100)
-
-
-def tiny_model(family: str, **overrides):
-    return vlkit.build_model(family, preset="tiny", vocab_size=len(shapes_tokenizer()), **overrides)
-
-
-def train_steps(task: nn.Module, dataset, steps: int, lr: float = 1e-3, batch_size: int = 32, seed: int = 0):
-    """A plain AdamW loop over ``dataset`` (held in memory, reshuffled every epoch); returns the last LossOutput."""
-    torch.manual_seed(seed)
-    examples = [dataset[i] for i in range(len(dataset))]
-    collate = dataset.collator()
-    optimizer = torch.optim.AdamW(task.parameters(), lr=lr)
-    generator = torch.Generator().manual_seed(seed)
-    task.train()
-    step, out = 0, None
-    while step < steps:
-        order = torch.randperm(len(examples), generator=generator).tolist()
-        for start in range(0, len(order) - batch_size + 1, batch_size):
-            out = task(collate([examples[i] for i in order[start:start + batch_size]]))
-            optimizer.zero_grad()
-            out.loss.backward()
-            optimizer.step()
-            step += 1
-            if step == steps:
-                break
-    return out
-
-
-def first_batch(dataset, n: int = 4):
-    return dataset.collator()([dataset[i] for i in range(n)])
-
-
-def shapes_cfg(name: str, **extra: Any) -> dict:
-    return {"name": name, "source": "shapes", "max_len": 40, **extra}
-
 
 # --------------------------------------------------------------------------------------------
 # Fixtures
 # --------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    """Tiny models run fastest on one intra-op thread (and are not slowed by a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def world() -> ShapesWorld:
     return ShapesWorld(seed=0, num_images=200)
@@ -113,22 +34,9 @@ def store(world, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return shapes_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def shapes_data(world, store, tok):
-    """``shapes_data(family)``: the shapes VQA data with that family's image source (built once per kind)."""
-    cache = {}
-
-    def get(family: str):
-        kind = "pixels" if family == "meter" else "regions"
-        if kind not in cache:
-            cache[kind] = VQATask.build_data(shapes_cfg("vqa"), tok, image_source(family, world, store), world)
-        return cache[kind]
-
-    return get
+    """``shapes_data(family)``: the shapes VQA data with that family's image source."""
+    return shapes_data_getter(VQATask, "vqa", world, store, tok)
 
 
 # --------------------------------------------------------------------------------------------
