@@ -21,15 +21,6 @@ SMALL = {  # two text layers, no dropout: quick to train
     "uniter": dict(num_hidden_layers=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from a second thread, and OpenMP threads thrash when the CPUs are shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def world():
     return ShapesWorld(seed=0, num_images=150)

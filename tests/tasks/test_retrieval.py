@@ -22,15 +22,6 @@ NO_DROPOUT = {"vilbert": dict(hidden_dropout_prob=0.0, attention_probs_dropout_p
               "meter": dict(drop_rate=0.0)}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from a second thread, and OpenMP threads thrash when the CPUs are shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def world():
     return ShapesWorld(seed=0, num_images=200)
