@@ -26,9 +26,14 @@ def test_swin_tower(build_tiny):
     """A small timm Swin (64 px, window 2): no [CLS], the image pooler averages the tokens."""
     model = build_tiny("meter", vision_encoder="swin", vision_model="swin_tiny_patch4_window7_224", vision_width=64,
                        image_size=64, vision_kwargs=dict(window_size=2, embed_dim=32, depths=(1, 1), num_heads=(1, 2)))
-    out = model(model.example_batch(batch_size=2))
+    batch = model.example_batch(batch_size=2)
+    out = model(batch)
     assert out.image_offset == 0 and out.image_states.shape[1] == (64 // 8) ** 2
     assert out.joint.shape == (2, 128)
+    with torch.no_grad():  # pooled_only keeps every image token: the pooler averages them
+        pooled = model(batch, pooled_only=True)
+    assert pooled.image_states.shape[1] == (64 // 8) ** 2 and pooled.text_states.shape[1] == 1
+    torch.testing.assert_close(pooled.joint, out.joint, atol=1e-6, rtol=1e-5)
 
 
 def test_text_tower_from_local_pretrained_directory(tmp_path, build_tiny):

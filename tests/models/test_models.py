@@ -99,6 +99,27 @@ def test_cached_encodings_compose_to_forward(family, build_tiny):
         torch.testing.assert_close(getattr(crossed, name), getattr(reference, name), atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("family,overrides", [
+    ("vilbert", {}), ("vilbert", {"single_stream": True}), ("vilbert", {"task_specific_tokens": True}),
+    ("uniter", {}), ("meter", {}), ("meter", {"fusion": "merged"}),
+])
+def test_pooled_only_fusion_keeps_poolers(family, overrides, build_tiny):
+    """``pooled_only`` computes the last layers at the pooled positions only: same poolers and joint,
+    and the states it returns are the full run's states at those positions."""
+    model = build_tiny(family, **overrides)
+    batch = model.example_batch(batch_size=3, text_len=9, num_regions=7)
+    kwargs = {"task_ids": torch.tensor([1, 0, 1])} if overrides.get("task_specific_tokens") else {}
+    with torch.no_grad():
+        full, pooled = model(batch, **kwargs), model(batch, pooled_only=True, **kwargs)
+    for name in ("text_pooled", "image_pooled", "joint"):
+        torch.testing.assert_close(getattr(pooled, name), getattr(full, name), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(pooled.text_states[:, 0], full.text_states[:, 0], atol=1e-6, rtol=1e-5)
+    assert pooled.text_states.shape[1] == 1 and pooled.text_mask.shape == pooled.text_states.shape[:2]
+    if family != "uniter":
+        torch.testing.assert_close(pooled.image_states[:, 0], full.image_states[:, 0], atol=1e-6, rtol=1e-5)
+        assert pooled.image_states.shape[1] == 1 and pooled.image_mask.shape == pooled.image_states.shape[:2]
+
+
 def _perturb(module: torch.nn.Module) -> None:
     with torch.no_grad():
         for p in module.parameters():

@@ -91,11 +91,14 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
         """The image side up to the point where the family fuses it with the text."""
 
     @abc.abstractmethod
-    def fuse(self, text: Encoded, image: Encoded) -> VLOutput:
-        """Cross-modal layers and poolers over cached unimodal encodings."""
+    def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False) -> VLOutput:
+        """Cross-modal layers and poolers over cached unimodal encodings.
 
-    def forward(self, batch: VLBatch, **kwargs: Any) -> VLOutput:
-        return self.fuse(self.encode_text(batch, **kwargs), self.encode_image(batch, **kwargs))
+        ``pooled_only=True`` computes the last layer of each stream only at the positions its pooler
+        reads (same ``joint`` / poolers; ``text_states`` / ``image_states`` then hold those positions)."""
+
+    def forward(self, batch: VLBatch, pooled_only: bool = False, **kwargs: Any) -> VLOutput:
+        return self.fuse(self.encode_text(batch, **kwargs), self.encode_image(batch, **kwargs), pooled_only)
 
     # -- sizes the objectives and tasks read -------------------------------------------------
     @property

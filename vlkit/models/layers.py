@@ -6,6 +6,8 @@ Attention runs through `torch.nn.functional.scaled_dot_product_attention` with t
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -115,9 +117,17 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(hidden_size, intermediate_size, act)
         self.output = BertOutput(intermediate_size, hidden_size, eps, dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        h = self.attention(x, mask)
+    def forward(self, x: Tensor, mask: Tensor | None, rows: list[int] | None = None) -> Tensor:
+        """``rows``: compute only these positions (queries), still attending to every position of ``x``."""
+        h = self.attention(x, mask) if rows is None else self.attention(x[:, rows], mask, context=x)
         return self.output(self.intermediate(h), h)
+
+
+def run_layers(layers: Sequence[nn.Module], states: Tensor, mask: Tensor, last_rows: list[int] | None = None) -> Tensor:
+    """Run ``layers`` in order; the last one computes only ``last_rows`` when given (see `BertLayer`)."""
+    for i, layer in enumerate(layers):
+        states = layer(states, mask, rows=last_rows if i == len(layers) - 1 else None)
+    return states
 
 
 def bert_layers(c) -> nn.ModuleList:
@@ -136,8 +146,9 @@ class BertCrossLayer(BertLayer):
         super().__init__(hidden_size, num_heads, intermediate_size, act, eps, dropout, attention_dropout)
         self.crossattention = BertAttention(hidden_size, num_heads, eps, dropout, attention_dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None, other: Tensor = None, other_mask: Tensor | None = None) -> Tensor:
-        h = self.attention(x, mask)
+    def forward(self, x: Tensor, mask: Tensor | None, other: Tensor = None, other_mask: Tensor | None = None,
+                rows: list[int] | None = None) -> Tensor:
+        h = self.attention(x, mask) if rows is None else self.attention(x[:, rows], mask, context=x)
         h = self.crossattention(h, other_mask, context=other)
         return self.output(self.intermediate(h), h)
 

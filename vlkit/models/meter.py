@@ -16,7 +16,7 @@ from torch import nn
 
 from vlkit.models.base import ModelConfig, VLModel
 from vlkit.models.encoders import build_clip_vision, build_swin, build_text_encoder, vision_has_cls, vision_tokens
-from vlkit.models.layers import BertCrossLayer, BertLayer, Pooler, additive_mask, init_bert_weights
+from vlkit.models.layers import BertCrossLayer, BertLayer, Pooler, additive_mask, init_bert_weights, run_layers
 from vlkit.registry import register_model
 from vlkit.types import Encoded, VLBatch, VLOutput
 
@@ -169,23 +169,34 @@ class Meter(VLModel):
         states = states + self.token_type_embeddings.weight[image_token_type_idx]
         return Encoded(states, torch.ones(states.shape[:2], dtype=torch.long, device=states.device))
 
-    def fuse(self, text: Encoded, image: Encoded) -> VLOutput:
+    def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False) -> VLOutput:
         x, y = text.states, image.states
         x_mask, y_mask = additive_mask(text.mask, x.dtype), additive_mask(image.mask, y.dtype)
+        # the poolers read [CLS] of each stream; a Swin's pooler averages every image token
+        x_rows = [0] if pooled_only else None
+        y_rows = [0] if pooled_only and self.image_offset else None
         if self.config.fusion == "co_attention":
-            for text_layer, image_layer in zip(self.cross_modal_text_layers, self.cross_modal_image_layers):
-                x, y = text_layer(x, x_mask, y, y_mask), image_layer(y, y_mask, x, x_mask)  # simultaneous update
+            last = len(self.cross_modal_text_layers) - 1
+            for i, (text_layer, image_layer) in enumerate(zip(self.cross_modal_text_layers,
+                                                              self.cross_modal_image_layers)):
+                rx, ry = (x_rows, y_rows) if i == last else (None, None)
+                x, y = text_layer(x, x_mask, y, y_mask, rx), image_layer(y, y_mask, x, x_mask, ry)  # simultaneous
         else:
+            t = x.shape[1]
             states = torch.cat([x, y], dim=1)
             mask = additive_mask(torch.cat([text.mask, image.mask], dim=1), x.dtype)
-            for layer in self.cross_modal_layers:
-                states = layer(states, mask)
-            x, y = states[:, :x.shape[1]], states[:, x.shape[1]:]
+            rows = None if not pooled_only else [0, t] if self.image_offset else [0, *range(t, states.shape[1])]
+            states = run_layers(self.cross_modal_layers, states, mask, rows)
+            t = 1 if pooled_only else t
+            x, y = states[:, :t], states[:, t:]
         text_pooled = self.cross_modal_text_pooler(x)
         image_pooled = self.cross_modal_image_pooler(y if self.image_offset else y.mean(1, keepdim=True))
-        return VLOutput(text_states=x, text_mask=text.mask, image_states=y, image_mask=image.mask,
+        return VLOutput(text_states=x, text_mask=text.mask[:, :x.shape[1]], image_states=y,
+                        image_mask=image.mask[:, :y.shape[1]],
                         text_pooled=text_pooled, image_pooled=image_pooled,
                         joint=torch.cat([text_pooled, image_pooled], dim=-1), image_offset=self.image_offset)
 
-    def forward(self, batch: VLBatch, image_token_type_idx: int = 1, **kwargs: Any) -> VLOutput:
-        return self.fuse(self.encode_text(batch), self.encode_image(batch, image_token_type_idx=image_token_type_idx))
+    def forward(self, batch: VLBatch, image_token_type_idx: int = 1, pooled_only: bool = False,
+                **kwargs: Any) -> VLOutput:
+        return self.fuse(self.encode_text(batch), self.encode_image(batch, image_token_type_idx=image_token_type_idx),
+                         pooled_only)

@@ -15,7 +15,7 @@ from torch import nn
 
 from vlkit.models.base import BertStreamConfig, VLModel
 from vlkit.models.embeddings import BertTextEmbeddings, UniterRegionEmbeddings
-from vlkit.models.layers import Pooler, additive_mask, bert_layers, init_bert_weights
+from vlkit.models.layers import Pooler, additive_mask, bert_layers, init_bert_weights, run_layers
 from vlkit.registry import register_model
 from vlkit.types import Encoded, VLBatch, VLOutput
 
@@ -69,13 +69,12 @@ class Uniter(VLModel):
         states = self.img_embeddings(batch.region_feats, batch.region_boxes, type_emb, batch.region_masked)
         return Encoded(states, batch.region_mask)
 
-    def fuse(self, text: Encoded, image: Encoded) -> VLOutput:
+    def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False) -> VLOutput:
         states = torch.cat([text.states, image.states], dim=1)
         mask = torch.cat([text.mask, image.mask], dim=1)
-        add_mask = additive_mask(mask, states.dtype)
-        for layer in self.encoder.layer:
-            states = layer(states, add_mask)
-        t = text.states.shape[1]
+        states = run_layers(self.encoder.layer, states, additive_mask(mask, states.dtype), [0] if pooled_only else None)
+        t = min(text.states.shape[1], states.shape[1])
         pooled = self.pooler(states)
-        return VLOutput(text_states=states[:, :t], text_mask=text.mask, image_states=states[:, t:],
-                        image_mask=image.mask, text_pooled=pooled, image_pooled=pooled, joint=pooled)
+        return VLOutput(text_states=states[:, :t], text_mask=text.mask[:, :t], image_states=states[:, t:],
+                        image_mask=image.mask[:, :states.shape[1] - t], text_pooled=pooled, image_pooled=pooled,
+                        joint=pooled)

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from vlkit.models.base import BertStreamConfig, VLModel
 from vlkit.models.embeddings import BertTextEmbeddings, ViLBERTRegionEmbeddings
 from vlkit.models.layers import (BertIntermediate, BertLayer, BertOutput, BiAttention, BiOutput, Pooler,
-                                 additive_mask, bert_layers, init_bert_weights)
+                                 additive_mask, bert_layers, init_bert_weights, run_layers)
 from vlkit.registry import register_model
 from vlkit.types import Encoded, VLBatch, VLOutput
 
@@ -106,10 +106,9 @@ class ConnectionLayer(nn.Module):
         return self.v_output(self.v_intermediate(vis), vis), self.t_output(self.t_intermediate(txt), txt)
 
 
-def _run(layers: nn.ModuleList, start: int, end: int, states: Tensor, mask: Tensor) -> Tensor:
-    for layer in layers[start:end]:
-        states = layer(states, mask)
-    return states
+def _run(layers: nn.ModuleList, start: int, end: int, states: Tensor, mask: Tensor,
+         last_rows: list[int] | None = None) -> Tensor:
+    return run_layers(layers[start:end], states, mask, last_rows)
 
 
 @register_model("vilbert")
@@ -186,14 +185,18 @@ class ViLBERT(VLModel):
             states = _run(self.encoder.v_layer, 0, self._first_layers()[1], states, additive_mask(mask, states.dtype))
         return Encoded(states, mask)
 
-    def fuse(self, text: Encoded, image: Encoded) -> VLOutput:
+    def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False) -> VLOutput:
         c = self.config
         txt, vis = text.states, image.states
+        first = [0] if pooled_only else None  # the poolers read position 0 ([CLS], [IMG])
         if c.single_stream:
             states = torch.cat([txt, vis], dim=1)
             mask = torch.cat([text.mask, image.mask], dim=1)
-            states = _run(self.encoder.layer, 0, c.num_hidden_layers, states, additive_mask(mask, states.dtype))
-            txt, vis = states[:, :txt.shape[1]], states[:, txt.shape[1]:]
+            t = txt.shape[1]
+            states = _run(self.encoder.layer, 0, c.num_hidden_layers, states, additive_mask(mask, states.dtype),
+                          [0, t] if pooled_only else None)
+            t = 1 if pooled_only else t
+            txt, vis = states[:, :t], states[:, t:]
             text_pooled, image_pooled = self.pooler(txt), self.pooler(vis)
             joint = text_pooled
         else:
@@ -204,17 +207,18 @@ class ViLBERT(VLModel):
                 vis = _run(self.encoder.v_layer, v_start, v_end, vis, v_mask)
                 vis, txt = self.encoder.c_layer[count](vis, v_mask, txt, t_mask)
                 t_start, v_start = t_end, v_end
-            vis = _run(self.encoder.v_layer, v_start, c.v_num_hidden_layers, vis, v_mask)
-            txt = _run(self.encoder.layer, t_start, c.num_hidden_layers, txt, t_mask)
+            vis = _run(self.encoder.v_layer, v_start, c.v_num_hidden_layers, vis, v_mask, first)
+            txt = _run(self.encoder.layer, t_start, c.num_hidden_layers, txt, t_mask, first)
             text_pooled, image_pooled = self.t_pooler(txt), self.v_pooler(vis)
             joint = text_pooled * image_pooled if c.fusion_method == "mul" else text_pooled + image_pooled
-        text_mask = text.mask
-        if c.task_specific_tokens:  # drop the task token so text states align with input_ids
+        text_mask, image_mask = text.mask[:, :txt.shape[1]], image.mask[:, :vis.shape[1]]
+        if c.task_specific_tokens and not pooled_only:  # drop the task token so text states align with input_ids
             txt = torch.cat([txt[:, :1], txt[:, 2:]], dim=1)
             text_mask = torch.cat([text_mask[:, :1], text_mask[:, 2:]], dim=1)
-        return VLOutput(text_states=txt, text_mask=text_mask, image_states=vis, image_mask=image.mask,
+        return VLOutput(text_states=txt, text_mask=text_mask, image_states=vis, image_mask=image_mask,
                         text_pooled=text_pooled, image_pooled=image_pooled, joint=joint, image_offset=1)
 
-    def forward(self, batch: VLBatch, task_ids: Tensor | None = None, **kwargs: Any) -> VLOutput:
-        return self.fuse(self.encode_text(batch, task_ids=task_ids), self.encode_image(batch))
+    def forward(self, batch: VLBatch, task_ids: Tensor | None = None, pooled_only: bool = False,
+                **kwargs: Any) -> VLOutput:
+        return self.fuse(self.encode_text(batch, task_ids=task_ids), self.encode_image(batch), pooled_only)
 

@@ -217,6 +217,10 @@ class HeadTask(Task):
         """The joint vector the heads read (ViLBERT applies dropout 0.1)."""
         return self.joint_dropout(out.joint)
 
+    def logits(self, batch: VLBatch) -> Tensor:
+        """The head over the joint vector (the model's last layers run only where its poolers read)."""
+        return self.head(self.joint(self.encode(batch, pooled_only=True)))
+
     def batches(self, data: Any, batch_size: int, desc: str) -> Iterable[VLBatch]:
         """``data`` in order, ``batch_size`` examples a batch, in eval mode without gradients."""
         loader = torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=False, collate_fn=data.collator())

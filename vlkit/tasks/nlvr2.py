@@ -202,7 +202,8 @@ class NLVR2Task(HeadTask):
             module.apply(lambda m: init_bert_weights(m, c.initializer_range))
 
     def _encode_side(self, batch: VLBatch, image_type: int) -> VLOutput:
-        return self.encode(batch, **({self.image_type_kwarg: image_type} if self.image_type_kwarg else {}))
+        kwargs = {self.image_type_kwarg: image_type} if self.image_type_kwarg else {}
+        return self.encode(batch, pooled_only=self.head_kind != "pair_biattn", **kwargs)  # biattn reads every state
 
     def logits(self, batch: VLBatch) -> Tensor:
         """[B / 2, 2] logits of the pairs of ``batch``."""

@@ -331,7 +331,8 @@ class Retrieval(Task):
     def _rank_scores(self, text: Encoded, image: Encoded, txt_idx: Tensor, img_idx: Tensor) -> Tensor:
         """Rank-head scores [B, n] of the pairs (``txt_idx[b, j]``, ``img_idx[b, j]``) of cached encodings."""
         shape = txt_idx.shape
-        out = self.model.fuse(_trim(text.index(txt_idx.reshape(-1))), _trim(image.index(img_idx.reshape(-1))))
+        out = self.model.fuse(_trim(text.index(txt_idx.reshape(-1))), _trim(image.index(img_idx.reshape(-1))),
+                              pooled_only=True)
         return self.head(self.dropout(out.joint)).view(shape)
 
     # -- training --------------------------------------------------------------------------------
@@ -450,7 +451,7 @@ class Retrieval(Task):
             bar = _progress(len(img_idx), "score pairs (cached)")
             for s in _chunks(len(img_idx), batch_size):
                 t, i = txt_idx[s].to(device), img_idx[s].to(device)
-                fused = self.model.fuse(_trim(text.index(t)), _trim(image.index(i)))
+                fused = self.model.fuse(_trim(text.index(t)), _trim(image.index(i)), pooled_only=True)
                 scores[order[s]] = self.score(fused).float().cpu()
                 bar.update(s.stop - s.start)
             bar.close()

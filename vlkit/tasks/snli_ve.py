@@ -63,9 +63,6 @@ class SNLIVETask(HeadTask):
             head = classifier(model, len(VE_LABELS))
         self.set_head(head)
 
-    def logits(self, batch: VLBatch) -> Tensor:
-        return self.head(self.joint(self.encode(batch)))
-
     def label_ids(self, batch: VLBatch) -> Tensor:
         names = self.target(batch)
         unknown = [(i, x) for i, x in zip(batch.ids or range(len(names)), names) if x not in self.label_index]

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Iterable
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from vlkit.registry import register_task
 from vlkit.tasks.base import HeadTask, TaskData, classification_loss, classifier, mean, most_common, split_records
@@ -118,9 +118,6 @@ class VQATask(HeadTask):
         self.answers, self.num_answers = answers, int(num_answers)
         self.majority_answer = majority_answer if majority_answer is not None else (answers[0] if answers else None)
         self.set_head(classifier(model, self.num_answers))
-
-    def logits(self, batch: VLBatch) -> Tensor:
-        return self.head(self.joint(self.encode(batch)))
 
     def forward(self, batch: VLBatch, step: int = 0, micro_step: int | None = None) -> LossOutput:
         soft = self.target(batch, "soft_targets")
