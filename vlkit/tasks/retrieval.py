@@ -219,9 +219,12 @@ def _trim(enc: Encoded) -> Encoded:
     return Encoded(enc.states[:, :length], enc.mask[:, :length], extra)
 
 
-def _mean_pool(enc: Encoded) -> Tensor:
+def _summary(enc: Encoded) -> Tensor:
+    """[B, 2H] masked mean and max of each row's states (what the pre-ranking reads)."""
     m = enc.mask.to(torch.float64)[..., None]
-    return (enc.states.to(torch.float64) * m).sum(1) / m.sum(1).clamp(min=1.0)
+    states = enc.states.to(torch.float64)
+    mean = (states * m).sum(1) / m.sum(1).clamp(min=1.0)
+    return torch.cat([mean, states.masked_fill(m == 0, float("-inf")).amax(1).clamp(min=-1e4)], dim=-1)
 
 
 @contextlib.contextmanager
@@ -268,7 +271,7 @@ class Retrieval(Task):
     def __init__(self, model: Any, recipe: str | None = None, scorer: str = "rank", itm: Any = None,
                  init_from_itm: bool | None = None, margin: float = 0.2, negative_size: int = 399,
                  hard_size: int = 31, num_negatives: int = 15, itm_weight: float | None = None,
-                 eval_mode: str = "cached", rerank_k: int = 128, prerank_ridge: float = 1.0,
+                 eval_mode: str = "cached", rerank_k: int = 64, prerank_ridge: float = 1.0,
                  prerank_data: RetrievalSet | None = None, seed: int = 0):
         from vlkit.objectives.mix import Pretraining
 
@@ -462,8 +465,9 @@ class Retrieval(Task):
         """Score matrices [N_img, N_txt] for text retrieval (rows) and image retrieval (columns).
 
         ``full`` / ``cached`` score every pair (one matrix, returned twice). ``rerank`` scores only each
-        image's top-``k`` captions and each caption's top-``k`` images under the pre-ranking; the other
-        entries are ``-inf`` (never retrieved). ``k`` defaults to ``rerank_k``.
+        caption's top-``k`` images and each image's top ``k x captions-per-image`` captions (the same share
+        of the candidates both ways) under the pre-ranking; the other entries are ``-inf`` (never
+        retrieved). ``k`` defaults to ``rerank_k``.
         """
         mode = mode or self.eval_mode
         if mode not in MODES:
@@ -479,7 +483,8 @@ class Retrieval(Task):
             raise ValueError(f"retrieval: rerank k must be >= 1, got {k}")
         text, image = self.encode_texts(data, batch_size), self.encode_images(data, batch_size)
         pre = self.prerank_scores(text, image).cpu()
-        tr_cand = pre.topk(min(k, n_txt), dim=1).indices  # [N_img, k] captions of each image
+        per_image = max(1, round(n_txt / n_img))
+        tr_cand = pre.topk(min(k * per_image, n_txt), dim=1).indices  # [N_img, k x per_image] captions per image
         ir_cand = pre.topk(min(k, n_img), dim=0).indices  # [k, N_txt] images of each caption
         tr_flat = (torch.arange(n_img)[:, None] * n_txt + tr_cand).reshape(-1)
         ir_flat = (ir_cand * n_txt + torch.arange(n_txt)[None, :]).reshape(-1)
@@ -508,12 +513,12 @@ class Retrieval(Task):
     def fit_prerank(self, data: RetrievalSet, batch_size: int = 64) -> None:
         """Fit the pre-ranking on a training `RetrievalSet` (its ground-truth pairs; nothing else trains).
 
-        Each caption and image is summarised by the masked mean of its cached unimodal encoding; a
+        Each caption and image is summarised by the masked mean and max of its cached unimodal encoding; a
         ridge regression (closed form, penalty ``prerank_ridge`` x the mean feature variance) maps the
         centred image summary onto the centred summary of its captions, and a pair's pre-score is the
         cosine between the caption's summary and the mapped image summary.
         """
-        text, image = _mean_pool(self.encode_texts(data, batch_size)), _mean_pool(self.encode_images(data, batch_size))
+        text, image = _summary(self.encode_texts(data, batch_size)), _summary(self.encode_images(data, batch_size))
         x, y = image[data.txt2img.to(image.device)], text
         x_mean, y_mean = x.mean(0), y.mean(0)
         x, y = x - x_mean, y - y_mean
@@ -527,8 +532,8 @@ class Retrieval(Task):
         """Pre-ranking scores [N_img, N_txt] from cached encodings (`fit_prerank` first)."""
         if self.prerank_w is None:
             raise ValueError("retrieval: the pre-ranking is not fitted for the current weights; call fit_prerank")
-        t = F.normalize(_mean_pool(text) - self.prerank_text_mean, dim=-1)
-        i = F.normalize((_mean_pool(image) - self.prerank_image_mean) @ self.prerank_w, dim=-1)
+        t = F.normalize(_summary(text) - self.prerank_text_mean, dim=-1)
+        i = F.normalize((_summary(image) - self.prerank_image_mean) @ self.prerank_w, dim=-1)
         return (i @ t.T).float()
 
     # -- data ------------------------------------------------------------------------------------
