@@ -166,7 +166,8 @@ def run_family(family: str, world, sources: dict, eval_ids: list[str], train_ids
     rows = [row("naive", naive_s, total, reference, extrapolated_from_pairs=len(subset), measured_s=naive_sub_s,
                 max_abs_diff_vs_cached=parity),
             row("naive-pooled", naive_pooled_s, total, reference, extrapolated_from_pairs=len(subset)),
-            row("cached", cached_s, total, reference, encode_s=encode_s, speedup_vs_naive_pooled=naive_pooled_s / cached_s)]
+            row("cached", cached_s, total, reference, encode_s=encode_s,
+                speedup_vs_naive_pooled=naive_pooled_s / cached_s)]
     start = time.perf_counter()
     task.fit_prerank(train_set, bs)
     fit_s = time.perf_counter() - start
