@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vlkit.types import Encoded
+
 MASK_VALUE = -10000.0
 
 
@@ -118,9 +120,13 @@ class BertLayer(nn.Module):
         self.output = BertOutput(intermediate_size, hidden_size, eps, dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None, rows: list[int] | None = None) -> Tensor:
-        """``rows``: compute only these positions (queries), still attending to every position of ``x``."""
-        h = self.attention(x, mask) if rows is None else self.attention(x[:, rows], mask, context=x)
+        h = self.self_attend(x, mask, rows)
         return self.output(self.intermediate(h), h)
+
+    def self_attend(self, x: Tensor, mask: Tensor | None, rows: list[int] | None) -> Tensor:
+        """Self-attention block; ``rows``: compute only these positions (queries), still attending to
+        every position of ``x``."""
+        return self.attention(x, mask) if rows is None else self.attention(x[:, rows], mask, context=x)
 
 
 def run_layers(layers: Sequence[nn.Module], states: Tensor, mask: Tensor, last_rows: list[int] | None = None) -> Tensor:
@@ -128,6 +134,23 @@ def run_layers(layers: Sequence[nn.Module], states: Tensor, mask: Tensor, last_r
     for i, layer in enumerate(layers):
         states = layer(states, mask, rows=last_rows if i == len(layers) - 1 else None)
     return states
+
+
+def run_single_stream(layers: Sequence[nn.Module], text: Encoded, image: Encoded,
+                      pooled_rows: tuple[Sequence[int], Sequence[int]] | None = None) -> tuple[Tensor, Tensor]:
+    """One transformer over the concatenated ``[text; image]`` -> (text states, image states).
+
+    ``pooled_rows`` = (text rows, image rows), each indexed within its own stream: the last layer
+    computes only those, and the returned states hold only them."""
+    t = text.states.shape[1]
+    states = torch.cat([text.states, image.states], dim=1)
+    mask = additive_mask(torch.cat([text.mask, image.mask], dim=1), states.dtype)
+    if pooled_rows is None:
+        states = run_layers(layers, states, mask)
+        return states[:, :t], states[:, t:]
+    text_rows, image_rows = pooled_rows
+    states = run_layers(layers, states, mask, [*text_rows, *(t + r for r in image_rows)])
+    return states[:, :len(text_rows)], states[:, len(text_rows):]
 
 
 def bert_layers(c) -> nn.ModuleList:
@@ -148,8 +171,7 @@ class BertCrossLayer(BertLayer):
 
     def forward(self, x: Tensor, mask: Tensor | None, other: Tensor = None, other_mask: Tensor | None = None,
                 rows: list[int] | None = None) -> Tensor:
-        h = self.attention(x, mask) if rows is None else self.attention(x[:, rows], mask, context=x)
-        h = self.crossattention(h, other_mask, context=other)
+        h = self.crossattention(self.self_attend(x, mask, rows), other_mask, context=other)
         return self.output(self.intermediate(h), h)
 
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from vlkit.models.base import ModelConfig, VLModel
 from vlkit.models.encoders import build_clip_vision, build_swin, build_text_encoder, vision_has_cls, vision_tokens
-from vlkit.models.layers import BertCrossLayer, BertLayer, Pooler, additive_mask, init_bert_weights, run_layers
+from vlkit.models.layers import BertCrossLayer, BertLayer, Pooler, additive_mask, init_bert_weights, run_single_stream
 from vlkit.registry import register_model
 from vlkit.types import Encoded, VLBatch, VLOutput
 
@@ -182,13 +182,8 @@ class Meter(VLModel):
                 rx, ry = (x_rows, y_rows) if i == last else (None, None)
                 x, y = text_layer(x, x_mask, y, y_mask, rx), image_layer(y, y_mask, x, x_mask, ry)  # simultaneous
         else:
-            t = x.shape[1]
-            states = torch.cat([x, y], dim=1)
-            mask = additive_mask(torch.cat([text.mask, image.mask], dim=1), x.dtype)
-            rows = None if not pooled_only else [0, t] if self.image_offset else [0, *range(t, states.shape[1])]
-            states = run_layers(self.cross_modal_layers, states, mask, rows)
-            t = 1 if pooled_only else t
-            x, y = states[:, :t], states[:, t:]
+            x, y = run_single_stream(self.cross_modal_layers, text, image,
+                                     (x_rows, y_rows or range(y.shape[1])) if pooled_only else None)
         text_pooled = self.cross_modal_text_pooler(x)
         image_pooled = self.cross_modal_image_pooler(y if self.image_offset else y.mean(1, keepdim=True))
         return VLOutput(text_states=x, text_mask=text.mask[:, :x.shape[1]], image_states=y,

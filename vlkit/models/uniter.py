@@ -10,12 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import nn
 
 from vlkit.models.base import BertStreamConfig, VLModel
 from vlkit.models.embeddings import BertTextEmbeddings, UniterRegionEmbeddings
-from vlkit.models.layers import Pooler, additive_mask, bert_layers, init_bert_weights, run_layers
+from vlkit.models.layers import Pooler, bert_layers, init_bert_weights, run_single_stream
 from vlkit.registry import register_model
 from vlkit.types import Encoded, VLBatch, VLOutput
 
@@ -70,11 +69,7 @@ class Uniter(VLModel):
         return Encoded(states, batch.region_mask)
 
     def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False) -> VLOutput:
-        states = torch.cat([text.states, image.states], dim=1)
-        mask = torch.cat([text.mask, image.mask], dim=1)
-        states = run_layers(self.encoder.layer, states, additive_mask(mask, states.dtype), [0] if pooled_only else None)
-        t = min(text.states.shape[1], states.shape[1])
-        pooled = self.pooler(states)
-        return VLOutput(text_states=states[:, :t], text_mask=text.mask[:, :t], image_states=states[:, t:],
-                        image_mask=image.mask[:, :states.shape[1] - t], text_pooled=pooled, image_pooled=pooled,
-                        joint=pooled)
+        txt, img = run_single_stream(self.encoder.layer, text, image, ([0], []) if pooled_only else None)
+        pooled = self.pooler(txt)
+        return VLOutput(text_states=txt, text_mask=text.mask[:, :txt.shape[1]], image_states=img,
+                        image_mask=image.mask[:, :img.shape[1]], text_pooled=pooled, image_pooled=pooled, joint=pooled)

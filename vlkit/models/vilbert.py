@@ -15,7 +15,8 @@ from torch import Tensor, nn
 from vlkit.models.base import BertStreamConfig, VLModel
 from vlkit.models.embeddings import BertTextEmbeddings, ViLBERTRegionEmbeddings
 from vlkit.models.layers import (BertIntermediate, BertLayer, BertOutput, BiAttention, BiOutput, Pooler,
-                                 additive_mask, bert_layers, init_bert_weights, run_layers)
+                                 additive_mask, bert_layers, init_bert_weights, run_layers,
+                                 run_single_stream)
 from vlkit.registry import register_model
 from vlkit.types import Encoded, VLBatch, VLOutput
 
@@ -106,11 +107,6 @@ class ConnectionLayer(nn.Module):
         return self.v_output(self.v_intermediate(vis), vis), self.t_output(self.t_intermediate(txt), txt)
 
 
-def _run(layers: nn.ModuleList, start: int, end: int, states: Tensor, mask: Tensor,
-         last_rows: list[int] | None = None) -> Tensor:
-    return run_layers(layers[start:end], states, mask, last_rows)
-
-
 @register_model("vilbert")
 class ViLBERT(VLModel):
     """ViLBERT: ``joint = pooled_t * pooled_v`` (ReLU poolers 768->1024 and 1024->1024).
@@ -167,7 +163,8 @@ class ViLBERT(VLModel):
             mask = torch.cat([mask[:, :1], torch.ones_like(mask[:, :1]), mask[:, 1:]], dim=1)
         states = self.embeddings.normalize(emb)
         if not self.config.single_stream:
-            states = _run(self.encoder.layer, 0, self._first_layers()[0], states, additive_mask(mask, states.dtype))
+            first_co = self._first_layers()[0]
+            states = run_layers(self.encoder.layer[:first_co], states, additive_mask(mask, states.dtype))
         return Encoded(states, mask)
 
     def encode_image(self, batch: VLBatch, **_: Any) -> Encoded:
@@ -182,7 +179,8 @@ class ViLBERT(VLModel):
         mask = torch.cat([torch.ones_like(mask[:, :1]), mask], dim=1)
         states = self.v_embeddings(feats, boxes)
         if not self.config.single_stream:
-            states = _run(self.encoder.v_layer, 0, self._first_layers()[1], states, additive_mask(mask, states.dtype))
+            first_co = self._first_layers()[1]
+            states = run_layers(self.encoder.v_layer[:first_co], states, additive_mask(mask, states.dtype))
         return Encoded(states, mask)
 
     def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False) -> VLOutput:
@@ -190,25 +188,19 @@ class ViLBERT(VLModel):
         txt, vis = text.states, image.states
         first = [0] if pooled_only else None  # the poolers read position 0 ([CLS], [IMG])
         if c.single_stream:
-            states = torch.cat([txt, vis], dim=1)
-            mask = torch.cat([text.mask, image.mask], dim=1)
-            t = txt.shape[1]
-            states = _run(self.encoder.layer, 0, c.num_hidden_layers, states, additive_mask(mask, states.dtype),
-                          [0, t] if pooled_only else None)
-            t = 1 if pooled_only else t
-            txt, vis = states[:, :t], states[:, t:]
+            txt, vis = run_single_stream(self.encoder.layer, text, image, (first, first) if pooled_only else None)
             text_pooled, image_pooled = self.pooler(txt), self.pooler(vis)
             joint = text_pooled
         else:
             t_mask, v_mask = additive_mask(text.mask, txt.dtype), additive_mask(image.mask, vis.dtype)
             t_start, v_start = self._first_layers()
             for count, (v_end, t_end) in enumerate(zip(c.v_biattention_id, c.t_biattention_id)):
-                txt = _run(self.encoder.layer, t_start, t_end, txt, t_mask)
-                vis = _run(self.encoder.v_layer, v_start, v_end, vis, v_mask)
+                txt = run_layers(self.encoder.layer[t_start:t_end], txt, t_mask)
+                vis = run_layers(self.encoder.v_layer[v_start:v_end], vis, v_mask)
                 vis, txt = self.encoder.c_layer[count](vis, v_mask, txt, t_mask)
                 t_start, v_start = t_end, v_end
-            vis = _run(self.encoder.v_layer, v_start, c.v_num_hidden_layers, vis, v_mask, first)
-            txt = _run(self.encoder.layer, t_start, c.num_hidden_layers, txt, t_mask, first)
+            vis = run_layers(self.encoder.v_layer[v_start:], vis, v_mask, first)
+            txt = run_layers(self.encoder.layer[t_start:], txt, t_mask, first)
             text_pooled, image_pooled = self.t_pooler(txt), self.v_pooler(vis)
             joint = text_pooled * image_pooled if c.fusion_method == "mul" else text_pooled + image_pooled
         text_mask, image_mask = text.mask[:, :txt.shape[1]], image.mask[:, :vis.shape[1]]

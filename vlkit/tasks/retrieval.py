@@ -331,12 +331,14 @@ class Retrieval(Task):
             return self.itm.match_score(out)
         return self.head(self.dropout(out.joint)).squeeze(-1)
 
+    def _fuse_pairs(self, text: Encoded, image: Encoded, txt_idx: Tensor, img_idx: Tensor) -> VLOutput:
+        """The model's pooled outputs for the pairs (``txt_idx[p]``, ``img_idx[p]``) of cached encodings."""
+        return self.model.fuse(_trim(text.index(txt_idx)), _trim(image.index(img_idx)), pooled_only=True)
+
     def _rank_scores(self, text: Encoded, image: Encoded, txt_idx: Tensor, img_idx: Tensor) -> Tensor:
         """Rank-head scores [B, n] of the pairs (``txt_idx[b, j]``, ``img_idx[b, j]``) of cached encodings."""
-        shape = txt_idx.shape
-        out = self.model.fuse(_trim(text.index(txt_idx.reshape(-1))), _trim(image.index(img_idx.reshape(-1))),
-                              pooled_only=True)
-        return self.head(self.dropout(out.joint)).view(shape)
+        out = self._fuse_pairs(text, image, txt_idx.reshape(-1), img_idx.reshape(-1))
+        return self.head(self.dropout(out.joint)).view(txt_idx.shape)
 
     # -- training --------------------------------------------------------------------------------
     def forward(self, batch: VLBatch, step: int = 0, micro_step: int | None = None) -> LossOutput:
@@ -454,8 +456,7 @@ class Retrieval(Task):
             bar = _progress(len(img_idx), "score pairs (cached)")
             for s in _chunks(len(img_idx), batch_size):
                 t, i = txt_idx[s].to(device), img_idx[s].to(device)
-                fused = self.model.fuse(_trim(text.index(t)), _trim(image.index(i)), pooled_only=True)
-                scores[order[s]] = self.score(fused).float().cpu()
+                scores[order[s]] = self.score(self._fuse_pairs(text, image, t, i)).float().cpu()
                 bar.update(s.stop - s.start)
             bar.close()
         return scores
