@@ -180,15 +180,56 @@ def test_wra_rides_on_the_itm_unit(build_tiny):
     assert "wra/ot_pos" in out.metrics
 
 
-def test_meter_sum_runs_two_passes(build_tiny):
-    model = build_tiny("meter")
+def _count_calls(model, name):
+    calls = []
+    original = getattr(model, name)
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    setattr(model, name, counted)
+    return calls
+
+
+def test_meter_sum_runs_two_passes_and_encodes_the_images_once(build_tiny):
+    model = build_tiny("meter")  # tiny presets have no dropout: unimodal encodings are shared by the passes
     pre = build_pretraining(model, "meter")
     passes = pre.plan(pre.active_units(0))
     assert [sorted(v) for v, _ in passes] == [["text"], ["pairs"]]
-    calls = []
-    model.register_forward_hook(lambda *a: calls.append(1))
+    fused, images, texts = (_count_calls(model, n) for n in ("fuse", "encode_image", "encode_text"))
     pre(model.example_batch(batch_size=4), step=0)
-    assert len(calls) == 2
+    assert (len(fused), len(images), len(texts)) == (2, 1, 2)  # masked text, clean text; images permuted
+
+
+@pytest.mark.parametrize("family", ["vilbert", "uniter", "meter"])
+def test_shared_encodings_give_the_same_loss_and_gradients(build_tiny, family):
+    from unittest import mock
+
+    from vlkit.objectives import mix
+
+    model = build_tiny(family)
+    cfg = load_mix(family)
+    cfg["objectives"]["itc"] = {"weight": 1.0, "every_step": True}
+    pre = build_pretraining(model, cfg).train()
+    batch = model.example_batch(batch_size=6, seed=1).replace(image_ids=[str(i) for i in range(6)])
+    results = []
+    for reuse in (True, False):
+        pre.zero_grad()
+        torch.manual_seed(5)  # the same dropout masks in the heads
+        with mock.patch.object(mix, "stochastic", return_value=not reuse):
+            out = pre(batch, step=3)
+        out.loss.backward()
+        results.append((out.loss.detach(), [p.grad.clone() for p in pre.parameters() if p.grad is not None]))
+    assert torch.allclose(results[0][0], results[1][0], atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(results[0][1], results[1][1]))
+
+
+def test_stochastic_sees_dropout_only_in_training(build_tiny):
+    from vlkit.objectives.mix import stochastic
+
+    tiny, base_like = build_tiny("uniter").train(), build_tiny("uniter", hidden_dropout_prob=0.1).train()
+    assert not stochastic(tiny) and stochastic(base_like) and not stochastic(base_like.eval())
 
 
 def test_every_preset_loads_and_builds(build_tiny):
@@ -250,3 +291,50 @@ def test_top_level_api_builds_an_objective_and_a_pretraining(build_tiny):
     pre = vlkit.build_pretraining(model, "uniter")
     out = pre(model.example_batch(batch_size=2), step=0)
     assert torch.isfinite(out.loss) and any(k.startswith("objective/") for k in out.metrics)
+
+
+def test_itc_runs_every_step_beside_the_drawn_unit(build_tiny):
+    cfg = load_mix("uniter")
+    cfg["objectives"]["itc"] = {"weight": 0.5, "every_step": True}
+    pre = build_pretraining(build_tiny("uniter"), cfg)
+    for step in range(20):
+        units = [u.name for u in pre.active_units(step)]
+        assert units[-1] == "itc" and len(units) == 2 and units[0] != "itc"
+    assert [u.name for u in build_pretraining(build_tiny("uniter"), "uniter").active_units(3)] == \
+        [u.name for u in pre.active_units(3)][:1]  # the draw of the recipe's own units is unchanged
+    passes = pre.plan(pre.active_units(0))
+    assert passes[-1] == (frozenset(["unimodal"]), [("itc", 0.5)])
+
+
+def test_itc_counts_captions_of_one_image_as_positives(build_tiny):
+    from vlkit.objectives.base import PassContext
+
+    model = build_tiny("meter")
+    itc = build_objective("itc", model, dim=16)
+    batch = model.example_batch(batch_size=4, seed=2)
+    batch = batch.replace(image_ids=["a", "a", "b", "c"], pixel_values=batch.pixel_values[[0, 0, 2, 3]])
+    text, image = model.encode_text(batch), model.encode_image(batch)
+    out = itc((text, image), batch, PassContext(original=batch))
+    assert out.loss.item() > 0 and 0 <= out.metrics["acc"] <= 1
+    # a perfect aligner: caption embedding = image embedding -> the loss only holds the temperature's floor
+    same = (text, type(text)(text.states, text.mask))
+    with torch.no_grad():
+        itc.vision_proj.weight.copy_(itc.text_proj.weight)
+        itc.vision_proj.bias.copy_(itc.text_proj.bias)
+    aligned = itc(same, batch.replace(image_ids=["a", "b", "c", "d"]), PassContext(original=batch))
+    assert aligned.metrics["acc"] == 1.0
+
+
+def test_itc_learns_to_align_on_shapes_sized_inputs(build_tiny):
+    torch.manual_seed(0)
+    model = build_tiny("uniter").train()
+    pre = build_pretraining(model, {"sampling": "sum", "objectives": {"itc": {"weight": 1.0, "dim": 32}}})
+    batch = model.example_batch(batch_size=8, seed=3).replace(image_ids=[str(i) for i in range(8)])
+    opt = torch.optim.AdamW(pre.parameters(), lr=3e-3)
+    first = pre(batch, step=0)
+    for step in range(60):
+        out = pre(batch, step=step)
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+    assert out.loss.item() < 0.5 * first.loss.item() and out.metrics["itc/acc"] == 1.0

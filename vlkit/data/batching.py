@@ -183,21 +183,42 @@ class TokenBucketSampler(_EpochBatchSampler):
 
 
 class FixedSizeBatchSampler(_EpochBatchSampler):
-    """Batches of ``batch_size`` examples in (seeded) random order; ``drop_last`` drops a short last batch."""
+    """Batches of ``batch_size`` examples in (seeded) random order; ``drop_last`` drops a short last batch.
+
+    ``group_by_length=G`` (with ``lengths``) cuts the shuffled order into groups of ``G`` batches,
+    sorts each group by its examples' first length part (the text, identical for every family) and
+    shuffles the resulting batches: the same examples per epoch, far less text padding.
+    """
 
     def __init__(self, num_examples: int, batch_size: int, seed: int = 0, shuffle: bool = True,
-                 drop_last: bool = False, num_replicas: int = 1, rank: int = 0):
+                 drop_last: bool = False, num_replicas: int = 1, rank: int = 0, group_by_length: int = 0,
+                 lengths: Lengths | None = None):
         super().__init__(num_examples, seed, shuffle, drop_last, 1, num_replicas, rank)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if group_by_length < 0:
+            raise ValueError(f"group_by_length must be >= 0, got {group_by_length}")
+        if group_by_length and lengths is None:
+            raise ValueError("group_by_length needs the examples' lengths")
         self.batch_size = self.budget = int(batch_size)
+        self.group_by_length = int(group_by_length)
+        self.sort_key = _as_array(lengths)[:, 0] if group_by_length else None
+        if self.sort_key is not None and len(self.sort_key) != num_examples:
+            raise ValueError(f"{len(self.sort_key)} lengths for {num_examples} examples")
 
     def _units(self, batch: list[int]) -> int:
         return len(batch)
 
     def _make_batches(self, rng: np.random.Generator) -> list[list[int]]:
-        order = self._order(rng).tolist()
+        order = self._order(rng)
+        if self.group_by_length:
+            group = self.group_by_length * self.batch_size
+            order = np.concatenate([g[np.argsort(-self.sort_key[g], kind="stable")]
+                                    for g in np.split(order, range(group, len(order), group))])
+        order = order.tolist()
         batches = [order[k:k + self.batch_size] for k in range(0, len(order), self.batch_size)]
         if self.drop_last and batches and len(batches[-1]) < self.batch_size:
             batches.pop()
+        if self.group_by_length and self.shuffle:
+            batches = [batches[k] for k in rng.permutation(len(batches))]
         return batches

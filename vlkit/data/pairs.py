@@ -169,6 +169,9 @@ class ImageTextPairs(torch.utils.data.Dataset):
         if len(data) == 0:
             raise ValueError(f"ImageTextPairs: every caption is longer than max_len={max_len}")
         self.data = data.add_column("input_ids", ids)
+        self._rows = [(str(r), str(m)) for r, m in zip(data["id"], data["image_id"])]  # fast row access
+        self._ids = [torch.tensor(x, dtype=torch.long) for x in ids]
+        self._records = self.data.to_list() if targets is not None else None
         self.tokenizer, self.image_source, self.targets = tokenizer, image_source, targets
         self.max_len, self.filter_long = max_len, filter_long
 
@@ -176,12 +179,12 @@ class ImageTextPairs(torch.utils.data.Dataset):
         return len(self.data)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        row = self.data[int(i)]
-        example = {"id": str(row["id"]), "image_id": str(row["image_id"]),
-                   "input_ids": torch.tensor(row["input_ids"], dtype=torch.long)}
-        example.update(self.image_source(example["image_id"]))
+        i = int(i)
+        example_id, image_id = self._rows[i]
+        example = {"id": example_id, "image_id": image_id, "input_ids": self._ids[i]}
+        example.update(self.image_source(image_id))
         if self.targets is not None:
-            example["targets"] = self.targets(row)
+            example["targets"] = self.targets(self._records[i])
         return example
 
     def lengths(self) -> list[tuple[int, int]]:

@@ -50,18 +50,20 @@ _STREAMS = {"scene": 1, "captions": 2, "vqa": 3, "refexp": 4, "nlvr2": 5, "snli_
 
 # Text templates. Every literal word of the world's language appears in one of the tuples below
 # (or in the constants above), which is how `shapes_tokenizer` builds its closed vocabulary.
+# Every caption names every object of its scene by colour and kind (size sometimes), so a caption is
+# almost never true of another image: image-text matching has something to learn at a small scale.
+# A clause about one relation or the largest / smallest shape is sometimes added.
 _CAPTION_TEMPLATES = (
     "{n} {things}: {listing}.",
-    "an image with {n} {things}.",
     "a picture of {listing}.",
     "{listing} on a dark background.",
-    "{a_obj}.",
-    "a drawing of {a_obj}.",
-    "there is {a_obj} in the picture.",
-    "{a_obj} {relation} {b_obj}.",
-    "there {be} {n} {things} in the image.",
-    "the largest shape is {a_obj}.",
-    "the smallest shape is {a_obj}.",
+    "an image with {listing}.",
+    "there is {listing} in the picture.",
+)
+_CAPTION_CLAUSES = (
+    "{a_obj} {relation} {b_obj}",
+    "the largest shape is {a_obj}",
+    "the smallest shape is {a_obj}",
 )
 _VQA_TEMPLATES = {
     "color": "what color is {ref}?",
@@ -420,45 +422,51 @@ class ShapesWorld:
         keep = rng.random(2) < (0.8, 0.4)
         return self._a_obj(obj.kind, obj.color if keep[0] else None, obj.size if keep[1] else None)
 
+    def _name_obj(self, rng: np.random.Generator, obj: ShapeObject) -> str:
+        """"a red circle", "a small red circle": colour and kind always, size sometimes."""
+        return self._a_obj(obj.kind, obj.color, obj.size if rng.random() < 0.4 else None)
+
     # ---- captions ---------------------------------------------------------------------------
     def captions(self, i: int) -> list[str]:
-        """Five distinct captions, each true of the scene."""
+        """Five distinct captions, each true of the scene and naming all its objects."""
         scene, rng = self.scene(i), self._rng("captions", i)
         out: list[str] = []
         for _ in range(200):
             cap = self._caption(rng, scene)
-            if cap and cap not in out:
+            if cap not in out:
                 out.append(cap)
             if len(out) == 5:
                 return out
         raise RuntimeError(f"{self!r}: could not build five distinct captions for image {i}")
 
-    def _caption(self, rng: np.random.Generator, scene: Scene) -> str | None:
-        t = _CAPTION_TEMPLATES[int(rng.integers(len(_CAPTION_TEMPLATES)))]
-        objs = scene.objects
+    def _caption(self, rng: np.random.Generator, scene: Scene) -> str:
+        objs = list(scene.objects)
         n = len(objs)
-        fields: dict[str, str] = {"n": _NUMBER_WORDS[n], "things": _PLURAL["shape"] if n > 1 else "shape",
-                                  "be": "are" if n > 1 else "is"}
-        if "{listing}" in t:
-            parts = [self._describe_obj(rng, o) for o in objs]
-            fields["listing"] = parts[0] if n == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+        order = rng.permutation(n) if rng.random() < 0.5 else sorted(range(n), key=lambda k: objs[k].center[0])
+        parts = [self._name_obj(rng, objs[k]) for k in order]
+        listing = parts[0] if n == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+        t = _CAPTION_TEMPLATES[int(rng.integers(len(_CAPTION_TEMPLATES)))]
+        text = t.format(n=_NUMBER_WORDS[n], things=_PLURAL["shape"] if n > 1 else "shape", listing=listing)
+        clause = self._clause(rng, scene) if rng.random() < 0.3 else None
+        return text if clause is None else f"{text} {clause}."
+
+    def _clause(self, rng: np.random.Generator, scene: Scene) -> str | None:
+        """A true statement about one relation or the largest / smallest shape, if the scene has one."""
+        objs = scene.objects
+        t = _CAPTION_CLAUSES[int(rng.integers(len(_CAPTION_CLAUSES)))]
         if "{relation}" in t:
-            pairs = [(a, b, r) for a in range(n) for b in range(n) if a != b for r in _RELATIONS
+            pairs = [(a, b, r) for a in range(len(objs)) for b in range(len(objs)) if a != b for r in _RELATIONS
                      if _relation_holds(objs[a], objs[b], r, self.margin)]
             if not pairs:
                 return None
             a, b, r = self._pick(rng, pairs)
-            fields.update(a_obj=self._describe_obj(rng, objs[a]), relation=_RELATIONS[r],
-                          b_obj=self._describe_obj(rng, objs[b]))
-        elif "largest" in t or "smallest" in t:
-            ext = [o.extent for o in objs]
-            best = max(ext) if "largest" in t else min(ext)
-            if n < 2 or ext.count(best) > 1:
-                return None
-            fields["a_obj"] = self._describe_obj(rng, objs[ext.index(best)])
-        elif "{a_obj}" in t:
-            fields["a_obj"] = self._describe_obj(rng, self._pick(rng, objs))
-        return t.format(**fields)
+            return t.format(a_obj=self._describe_obj(rng, objs[a]), relation=_RELATIONS[r],
+                            b_obj=self._describe_obj(rng, objs[b]))
+        ext = [o.extent for o in objs]
+        best = max(ext) if "largest" in t else min(ext)
+        if len(objs) < 2 or ext.count(best) > 1:
+            return None
+        return t.format(a_obj=self._describe_obj(rng, objs[ext.index(best)]))
 
     # ---- VQA --------------------------------------------------------------------------------
     def vqa(self, i: int) -> list[dict]:
@@ -687,7 +695,7 @@ _PUNCTUATION = ("!", "'", ",", "-", ".", ":", ";", "?")
 def shapes_vocab() -> list[str]:
     """The WordPiece vocabulary: special tokens ([PAD]=0), punctuation, digits, then every word
     the world's templates and fillers can produce, sorted."""
-    texts: list[str] = [*_CAPTION_TEMPLATES, *_VQA_TEMPLATES.values(), *_NLVR2_TEMPLATES.values(),
+    texts: list[str] = [*_CAPTION_TEMPLATES, *_CAPTION_CLAUSES, *_VQA_TEMPLATES.values(), *_NLVR2_TEMPLATES.values(),
                         *_VE_TEMPLATES.values(), *_NEUTRAL_TEMPLATES, *_POSITIONS.values(), *_RELATIONS.values(),
                         *(w for ws in _NEUTRAL_FILLERS.values() for w in ws), *_NUMBER_WORDS, *_PLURAL,
                         *_PLURAL.values(), *KINDS, *COLORS, *SIZES, *_ANSWER_WORDS, "a an the and"]

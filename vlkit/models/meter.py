@@ -25,7 +25,8 @@ ROBERTA_BASE = dict(vocab_size=50265, hidden_size=768, num_hidden_layers=12, num
                     pad_token_id=1, bos_token_id=0, eos_token_id=2, hidden_dropout_prob=0.1,
                     attention_probs_dropout_prob=0.1)
 _TINY_TEXT = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
-                  max_position_embeddings=64, pad_token_id=0, initializer_range=0.1)
+                  max_position_embeddings=64, pad_token_id=0, initializer_range=0.1, hidden_dropout_prob=0.0,
+                  attention_probs_dropout_prob=0.0)
 _CLIP16 = dict(vision_encoder="clip", vision_width=768, vision_layers=11, vision_heads=12, patch_size=16, image_size=288)
 
 
@@ -42,7 +43,7 @@ class MeterConfig(ModelConfig):
     presets = {
         "tiny": dict(text_encoder="bert", text_config=_TINY_TEXT, vision_encoder="clip", vision_width=64,
                      vision_layers=2, vision_heads=2, patch_size=8, image_size=64, hidden_size=64, num_heads=2,
-                     num_top_layer=2, initializer_range=0.1),
+                     num_top_layer=2, initializer_range=0.1, drop_rate=0.0),
         "clip16-roberta": dict(_CLIP16),
         "base": dict(_CLIP16),
         "clip32-roberta": dict(_CLIP16, patch_size=32, image_size=224),

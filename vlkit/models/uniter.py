@@ -26,7 +26,8 @@ class UniterConfig(BertStreamConfig):
     family = "uniter"
     presets = {
         "tiny": dict(vocab_size=1000, hidden_size=64, initializer_range=0.1, num_hidden_layers=4, num_attention_heads=2,
-                     intermediate_size=128, max_position_embeddings=64, v_feature_size=256, v_target_size=8),
+                     intermediate_size=128, max_position_embeddings=64, v_feature_size=256, v_target_size=8,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
         "base": {},
         "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
     }

@@ -51,6 +51,8 @@ class PassContext:
     ``mlm_labels`` [B, T] (-100 = not a target); ``region_masked`` / ``patch_masked`` [B, K|N] bool;
     ``original`` is the batch before corruption; ``itm_match`` [B] bool (True = the pair is aligned);
     ``score_rows`` [B] bool restricts masked-modelling losses (ViLBERT ``objective 1``: aligned rows).
+    ``text_from`` / ``image_from`` [B]: the row of the clean batch whose caption / image each row shows
+    unchanged (None once that side is masked), so unimodal encodings can be reused across passes.
     """
 
     original: VLBatch
@@ -59,6 +61,8 @@ class PassContext:
     patch_masked: Tensor | None = None
     itm_match: Tensor | None = None
     score_rows: Tensor | None = None
+    text_from: Tensor | None = None
+    image_from: Tensor | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 

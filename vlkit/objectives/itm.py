@@ -92,9 +92,10 @@ class ImageTextMatching(Objective):
         self.negatives, self.split, self.neg_prob, self.match_index = negatives, split, neg_prob, match_index
         self.itm_head = ItmHead(model.joint_size, dropout)
 
-    def make_pairs(self, batch: VLBatch, generator: torch.Generator,
-                   similarity: Tensor | None = None) -> tuple[VLBatch, Tensor]:
-        """Mix mismatched pairs into ``batch``: ``(new_batch, matched [B] bool)``."""
+    def pair_sources(self, batch: VLBatch, generator: torch.Generator,
+                     similarity: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Which row lends each row its image (``negatives="image"``) or caption (``"text"``):
+        ``(source [B], matched [B] bool)``."""
         b = batch.batch_size
         if self.split == "half":
             is_negative = torch.zeros(b, dtype=torch.bool)
@@ -102,8 +103,16 @@ class ImageTextMatching(Objective):
         else:
             is_negative = torch.rand(b, generator=generator) < self.neg_prob
         source, negative = choose_negatives(batch, is_negative, generator, similarity)
-        mixed = swap_images(batch, source) if self.negatives == "image" else swap_texts(batch, source)
-        return mixed, ~negative
+        return source, ~negative
+
+    def make_pairs(self, batch: VLBatch, generator: torch.Generator,
+                   similarity: Tensor | None = None) -> tuple[VLBatch, Tensor]:
+        """Mix mismatched pairs into ``batch``: ``(new_batch, matched [B] bool)``."""
+        source, matched = self.pair_sources(batch, generator, similarity)
+        return self.swap(batch, source), matched
+
+    def swap(self, batch: VLBatch, source: Tensor) -> VLBatch:
+        return swap_images(batch, source) if self.negatives == "image" else swap_texts(batch, source)
 
     def logits(self, out: VLOutput) -> Tensor:
         return self.itm_head(out.joint)

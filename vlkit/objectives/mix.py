@@ -12,7 +12,9 @@ how their losses combine. A mix is the YAML of ``conf/objectives/*.yaml``:
 A *pass* is one forward of the model over a corrupted copy of the batch. ``conditional`` runs one
 pass per view (masked text, masked regions, masked patches, mixed pairs: METER's two forward
 passes); ``joint`` runs a single pass that mixes in negatives and masks every modality the mix
-masks, independently (ViLBERT). Randomness comes from ``(seed, step)`` (objective choice: the same
+masks, independently (ViLBERT). Objectives of the ``unimodal`` view (``itc``) get their own pass over
+the clean batch that runs only ``encode_text`` / ``encode_image``. ``every_step: true`` runs an
+objective at every step on top of the drawn unit (``per_batch``), as ``vlkit compare`` adds ``itc``. Randomness comes from ``(seed, step)`` (objective choice: the same
 on every rank and every accumulation micro-batch) and ``(seed, micro_step)`` (masks, negatives).
 """
 from __future__ import annotations
@@ -30,11 +32,12 @@ from vlkit.models.base import VLModel
 from vlkit.objectives.base import IncompatibleObjective, Objective, PassContext, TokenInfo
 from vlkit.objectives.masking import mask_patches, mask_regions, mask_tokens
 from vlkit.registry import OBJECTIVES
-from vlkit.types import LossOutput, VLBatch
+from vlkit.types import Encoded, LossOutput, VLBatch
 
 MIX_KEYS = ("sampling", "masking", "seed", "mask_only_matched", "text_masking", "region_masking", "patch_masking",
             "objectives")
 MASK_VIEWS = ("text", "regions", "patches")
+UNIMODAL = "unimodal"  # a pass of encode_text / encode_image over the clean batch, no fusion
 PRESET_DIR = Path(__file__).resolve().parent.parent / "conf" / "objectives"
 
 
@@ -45,6 +48,7 @@ class Unit:
     name: str
     ratio: float = 1.0
     weight: float = 1.0
+    every_step: bool = False
     companions: dict[str, float] = field(default_factory=dict)  # name -> weight
 
 
@@ -111,7 +115,8 @@ class Pretraining(nn.Module):
         self.units: list[Unit] = []
         for name, options in cfg["objectives"].items():
             options = dict(options or {})
-            unit = Unit(name, float(options.pop("ratio", 1.0)), float(options.pop("weight", 1.0)))
+            unit = Unit(name, float(options.pop("ratio", 1.0)), float(options.pop("weight", 1.0)),
+                        bool(options.pop("every_step", False)))
             for companion in [k for k in options if k in OBJECTIVES]:
                 extra = dict(options.pop(companion) or {})
                 unit.companions[companion] = float(extra.pop("weight", 1.0))
@@ -133,19 +138,23 @@ class Pretraining(nn.Module):
     # -- the plan of a step ----------------------------------------------------------------------
     def active_units(self, step: int) -> list[Unit]:
         """``sum``: every unit; ``per_batch``: one unit drawn by ratio from ``(seed, step)`` alone."""
-        if self.sampling == "sum":
+        drawn = [u for u in self.units if not u.every_step]
+        if self.sampling == "sum" or not drawn:
             return list(self.units)
         rng = random.Random(f"vlkit-mix:{self.seed}:{step}")
-        return rng.choices(self.units, weights=[u.ratio for u in self.units])
+        return rng.choices(drawn, weights=[u.ratio for u in drawn]) + [u for u in self.units if u.every_step]
 
     def plan(self, units: list[Unit]) -> list[tuple[frozenset[str], list[tuple[str, float]]]]:
         """Passes ``(views, [(objective, weight)])`` for the active units."""
         scored = [(u.name, u.weight) for u in units] + [(c, w) for u in units for c, w in u.companions.items()]
         if self.masking == "joint":
-            views = {self.objectives[n].view for n, _ in scored}
+            fused = [(n, w) for n, w in scored if self.objectives[n].view != UNIMODAL]
+            unimodal = [(n, w) for n, w in scored if self.objectives[n].view == UNIMODAL]
+            views = {self.objectives[n].view for n, _ in fused}
             if views & set(MASK_VIEWS):
                 views |= self.mask_views
-            return [(frozenset(views), scored)]
+            return ([(frozenset(views), fused)] if fused else []) + \
+                ([(frozenset([UNIMODAL]), unimodal)] if unimodal else [])
         passes: dict[str, list[tuple[str, float]]] = {}
         for unit in units:
             passes.setdefault(self.objectives[unit.name].view, []).append((unit.name, unit.weight))
@@ -161,21 +170,30 @@ class Pretraining(nn.Module):
 
     def corrupt(self, batch: VLBatch, views: frozenset[str], generator: torch.Generator) -> tuple[VLBatch, PassContext]:
         """Mix in pairs and mask what ``views`` ask for; the input batch is never modified."""
-        ctx = PassContext(original=batch)
+        rows = torch.arange(batch.batch_size, device=batch.device)
+        ctx = PassContext(original=batch, text_from=rows, image_from=rows)
         if "pairs" in views:
-            batch, ctx.itm_match = self._pair_maker().make_pairs(batch, generator)
-            ctx.original = batch
+            maker = self._pair_maker()
+            source, ctx.itm_match = maker.pair_sources(batch, generator)
+            batch = ctx.original = maker.swap(batch, source)
+            if maker.negatives == "image":
+                ctx.image_from = source
+            else:
+                ctx.text_from = source
             if self.mask_only_matched:
                 ctx.score_rows = ctx.itm_match
         if "text" in views:
             ids, ctx.mlm_labels = self._mask_text(batch, generator)
             batch = batch.replace(input_ids=ids)
+            ctx.text_from = None
         if "regions" in views:
             batch, ctx.region_masked = mask_regions(batch, generator=generator, **self.region_masking)
+            ctx.image_from = None
         if "patches" in views:
             pixels, ctx.patch_masked = mask_patches(batch.pixel_values, self.model.patch_size, generator=generator,
                                                     **self.patch_masking)
             batch = batch.replace(pixel_values=pixels)
+            ctx.image_from = None
         return batch, ctx
 
     def _mask_text(self, batch: VLBatch, generator: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -195,9 +213,23 @@ class Pretraining(nn.Module):
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + micro_step)
         total: Tensor | None = None
         metrics: dict[str, Any] = {}
+        # unimodal encodings of the clean batch, shared by the passes that show it unchanged (or
+        # permuted); only when encoding draws no random numbers, so the result equals re-encoding
+        clean = _CleanEncodings(self.model, batch) if not stochastic(self.model) else None
         for views, scored in self.plan(self.active_units(step)):
-            corrupted, ctx = self.corrupt(batch, views, generator)
-            out = self.model(corrupted)
+            if views == {UNIMODAL}:
+                corrupted, ctx = batch, PassContext(original=batch)
+                out = (clean.text(None), clean.image(None)) if clean else \
+                    (self.model.encode_text(batch), self.model.encode_image(batch))
+            else:
+                corrupted, ctx = self.corrupt(batch, views, generator)
+                if clean is None:
+                    out = self.model(corrupted)
+                else:
+                    text = clean.text(ctx.text_from) if ctx.text_from is not None else self.model.encode_text(corrupted)
+                    image = clean.image(ctx.image_from) if ctx.image_from is not None else \
+                        self.model.encode_image(corrupted)
+                    out = self.model.fuse(text, image)
             for name, weight in scored:
                 result = self.objectives[name](out, corrupted, ctx)
                 total = weight * result.loss if total is None else total + weight * result.loss
@@ -205,6 +237,45 @@ class Pretraining(nn.Module):
                 metrics[f"{name}/loss"] = result.loss.detach()
                 metrics.update({f"{name}/{k}": v for k, v in result.metrics.items()})
         return LossOutput(total, metrics)
+
+
+def stochastic(module: nn.Module) -> bool:
+    """Whether a forward pass of ``module`` in its current mode draws random numbers (dropout, drop path)."""
+    for m in module.modules():
+        if not m.training:
+            continue
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            return True
+        if any(isinstance(getattr(m, a, None), float) and getattr(m, a) > 0
+               for a in ("dropout", "dropout_prob", "drop_prob", "attention_dropout")):
+            return True
+    return False
+
+
+class _CleanEncodings:
+    """``encode_text`` / ``encode_image`` of one step's clean batch, computed on first use; rows are
+    picked with ``text(rows)`` / ``image(rows)`` (None: every row in order)."""
+
+    def __init__(self, model: VLModel, batch: VLBatch):
+        self.model, self.batch = model, batch
+        self._text: Encoded | None = None
+        self._image: Encoded | None = None
+
+    @staticmethod
+    def _rows(encoded: Encoded, rows: Tensor | None) -> Encoded:
+        if rows is None or bool((rows == torch.arange(len(rows), device=rows.device)).all()):
+            return encoded
+        return encoded.index(rows)
+
+    def text(self, rows: Tensor | None) -> Encoded:
+        if self._text is None:
+            self._text = self.model.encode_text(self.batch)
+        return self._rows(self._text, rows)
+
+    def image(self, rows: Tensor | None) -> Encoded:
+        if self._image is None:
+            self._image = self.model.encode_image(self.batch)
+        return self._rows(self._image, rows)
 
 
 def build_pretraining(model: VLModel, mix: Any, tokenizer: Any = None, seed: int | None = None,

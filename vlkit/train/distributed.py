@@ -31,12 +31,14 @@ def shard_batch(batch: VLBatch, rank: int, world_size: int) -> VLBatch:
 def build_train_loader(dataset: Dataset, batching: str = "fixed", batch_size: int = 32, max_units: int = 10240,
                        bucket_size: int = 8192, size_multiple: int = 8, drop_last: bool = True, seed: int = 0,
                        num_workers: int = 0, collate_fn: Callable | None = None,
-                       lengths: Sequence[Any] | None = None, num_replicas: int = 1, rank: int = 0) -> DataLoader:
+                       lengths: Sequence[Any] | None = None, num_replicas: int = 1, rank: int = 0,
+                       group_by_length: int = 0) -> DataLoader:
     """A shuffling `DataLoader` of `VLBatch` whose order depends only on ``seed`` and the epoch.
 
     ``batching="units"`` packs examples by input units (tokens + regions/patches, ``lengths`` or
     ``dataset.lengths()``) within ``max_units`` padded units, UNITER's token buckets;
-    ``"fixed"`` gives ``batch_size`` examples per batch. ``collate_fn`` defaults to
+    ``"fixed"`` gives ``batch_size`` examples per batch (``group_by_length``: batches of similar text
+    length, see `FixedSizeBatchSampler`). ``collate_fn`` defaults to
     ``dataset.collator()``. With ``num_replicas > 1`` each rank gets its own batches.
     """
     from vlkit.data.batching import FixedSizeBatchSampler, TokenBucketSampler
@@ -45,17 +47,19 @@ def build_train_loader(dataset: Dataset, batching: str = "fixed", batch_size: in
         if not hasattr(dataset, "collator"):
             raise TypeError(f"{type(dataset).__name__} has no collator(); pass collate_fn")
         collate_fn = dataset.collator()
+    if lengths is None and (batching == "units" or group_by_length):
+        if not hasattr(dataset, "lengths"):
+            raise TypeError(f"{type(dataset).__name__} has no lengths(); pass lengths for batching=units or "
+                            "group_by_length")
+        lengths = dataset.lengths()
     if batching == "units":
-        if lengths is None:
-            if not hasattr(dataset, "lengths"):
-                raise TypeError(f"{type(dataset).__name__} has no lengths(); pass lengths for batching=units")
-            lengths = dataset.lengths()
         sampler = TokenBucketSampler(lengths, max_units, bucket_size=bucket_size, size_multiple=size_multiple,
                                      seed=seed, shuffle=True, drop_last=drop_last, num_replicas=num_replicas,
                                      rank=rank)
     elif batching == "fixed":
         sampler = FixedSizeBatchSampler(len(dataset), batch_size, seed=seed, shuffle=True, drop_last=drop_last,
-                                        num_replicas=num_replicas, rank=rank)
+                                        num_replicas=num_replicas, rank=rank, group_by_length=group_by_length,
+                                        lengths=lengths)
     else:
         raise ValueError(f"unknown batching {batching!r}; choose one of {', '.join(BATCHING)}")
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, num_workers=num_workers)

@@ -65,6 +65,7 @@ class Environment:
     world: Any
     tokenizer: Any
     image_source: Any
+    pairs: Any = None  # the pre-training pairs, once built (`pretraining_dataset`)
 
     def model_overrides(self, model_cfg: Mapping[str, Any]) -> dict[str, Any]:
         """Sizes the data decides: the tokenizer's vocabulary (unless a pre-trained text tower is
@@ -124,8 +125,10 @@ def build_run_model(env: Environment, model_cfg: Mapping[str, Any], init: str | 
 
 
 def pretraining_dataset(env: Environment):
-    """The image-text pairs of ``env.data`` (registered dataset ``data.name``)."""
-    return DATASETS.get(env.data["name"])(env.data)
+    """The image-text pairs of ``env.data`` (registered dataset ``data.name``), built once per environment."""
+    if env.pairs is None:
+        env.pairs = DATASETS.get(env.data["name"])(env.data)
+    return env.pairs
 
 
 def save_run(directory: Path, module: torch.nn.Module, info: dict[str, Any]) -> None:
@@ -189,7 +192,8 @@ def _fit(module: torch.nn.Module, dataset: Any, collate: Any, trainer_cfg: Any, 
 
     config = TrainerConfig.from_cfg(trainer_cfg, output_dir=str(output_dir), seed=seed)
     trainer = Trainer(module, config)
-    loader = trainer.loader(dataset, collate, lengths() if config.batching == "units" else None)
+    needs_lengths = config.batching == "units" or config.group_by_length
+    loader = trainer.loader(dataset, collate, lengths() if needs_lengths and lengths is not None else None)
     return trainer.fit(loader if seen is None else RecordingLoader(loader, seen))
 
 

@@ -65,6 +65,7 @@ class TrainerConfig:
     # data (Trainer.loader)
     batching: str = "fixed"  # fixed | units (UNITER's token buckets: tokens + regions/patches)
     batch_size: int = 32
+    group_by_length: int = 0  # fixed: sort groups of this many batches by text length (0: off)
     max_units: int = 10240
     bucket_size: int = 8192
     size_multiple: int = 8
@@ -89,7 +90,8 @@ class TrainerConfig:
         for name in ("max_steps", "grad_accum", "log_every", "batch_size", "max_units"):
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("eval_every", "save_every", "keep_checkpoints", "grad_clip", "num_workers", "lr", "eps"):
+        for name in ("eval_every", "save_every", "keep_checkpoints", "grad_clip", "num_workers", "lr", "eps",
+                     "group_by_length"):
             if getattr(self, name) < 0:
                 raise ValueError(f"trainer.{name} must be >= 0, got {getattr(self, name)}")
         if len(self.betas) != 2:
@@ -258,7 +260,8 @@ class Trainer:
                              "make it a multiple of the number of processes or set trainer.split_batches=false")
         replicas, rank = (1, 0) if c.split_batches else (self.world_size, self.rank)
         return build_train_loader(dataset, c.batching, c.batch_size, c.max_units, c.bucket_size, c.size_multiple,
-                                  c.drop_last, c.seed, c.num_workers, collate_fn, lengths, replicas, rank)
+                                  c.drop_last, c.seed, c.num_workers, collate_fn, lengths, replicas, rank,
+                                  c.group_by_length)
 
     # -- the loop ------------------------------------------------------------------------------
     def fit(self, data: Iterable[VLBatch]) -> TrainResult:
