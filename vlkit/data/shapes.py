@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
-from vlkit.io import atomic_path, atomic_write_text
+from vlkit.io import atomic_path, atomic_write_text, sha256_file
 
 KINDS: tuple[str, ...] = ("circle", "square", "triangle", "diamond", "cross")
 COLORS: tuple[str, ...] = ("red", "orange", "yellow", "green", "cyan", "blue", "purple")
@@ -732,14 +732,6 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _json_bytes(obj: Any) -> bytes:
     return json.dumps(obj).encode()
 
@@ -848,7 +840,7 @@ def write_shapes(world: ShapesWorld, out: str | Path, flush_every: int = 256,
     def complete(rel: str, digest: str | None = None) -> bool:
         path = out / rel
         want = recorded.get(rel) if digest is None else digest
-        return want is not None and recorded.get(rel) == want and path.is_file() and _sha256_file(path) == want
+        return want is not None and recorded.get(rel) == want and path.is_file() and sha256_file(path) == want
 
     def save(rel: str, data: bytes) -> None:
         digest = _sha256(data)

@@ -22,7 +22,6 @@ descending ``max_conf``. ``detect`` is standard Fast R-CNN inference (regressed 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -35,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.ops import FrozenBatchNorm2d, batched_nms, box_iou, nms, roi_pool
+
+from vlkit.io import sha256_file
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 CAFFE_PIXEL_MEAN_BGR = (102.9801, 115.9465, 122.7717)
@@ -722,14 +723,6 @@ def _numpy(d: dict[str, Any]) -> dict[str, Any]:
             else v.cpu().numpy() if isinstance(v, Tensor) else v for k, v in d.items()}
 
 
-def _sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def save_detector(
     model: BottomUpDetector, directory: str | os.PathLike, name: str, meta: dict[str, Any] | None = None,
     dtype: torch.dtype = torch.float32,
@@ -777,7 +770,7 @@ def load_detector(
             from vlkit.convert.detector import load_butd_checkpoint
 
             load_butd_checkpoint(model, weights, strict=True)
-            model.provenance = {"detector": "butd_r101", "weights": Path(weights).name, "weights_sha256": _sha256(weights)}
+            model.provenance = {"detector": "butd_r101", "weights": Path(weights).name, "weights_sha256": sha256_file(weights)}
         return model.to(device).eval()
     json_path = ASSETS / "shapes_detector.json" if name == "shapes" else Path(name)
     if json_path.suffix != ".json":
@@ -793,7 +786,7 @@ def load_detector(
         missing = [k for k in missing if not k.endswith("num_batches_tracked")]
         if missing or unexpected:
             raise ValueError(f"{wpath}: weights do not match the config (missing {missing[:5]}, unexpected {unexpected[:5]})")
-        model.provenance = {"detector": cfg.name, "weights": wpath.name, "weights_sha256": _sha256(wpath)}
+        model.provenance = {"detector": cfg.name, "weights": wpath.name, "weights_sha256": sha256_file(wpath)}
     return model.to(device).eval()
 
 

@@ -238,10 +238,14 @@ def split_model_config(cfg: Mapping) -> tuple[str, str | None, dict[str, Any]]:
 
 def build_model(name_or_cfg: Any, preset: str | None = None, **overrides: Any) -> VLModel:
     """``build_model("uniter", preset="tiny", num_hidden_layers=4)``, ``build_model(cfg_mapping)``
-    (a ``{name, preset, <field>: value}`` mapping such as ``conf/model/*.yaml``) or
-    ``build_model(config_dataclass)``."""
+    (a ``{name, preset, <field>: value}`` mapping such as the ``model`` node of a command config; the
+    arguments override its values) or ``build_model(config_dataclass)`` (a resolved config: ``preset=``
+    must be its own, field arguments replace its values)."""
     if isinstance(name_or_cfg, ModelConfig):
-        if preset or overrides:
+        if preset is not None and preset != name_or_cfg.preset:
+            raise ValueError(f"build_model: the {name_or_cfg.family} config is preset {name_or_cfg.preset!r}, not "
+                             f"preset={preset!r}; build from the family name to choose a preset")
+        if overrides:
             name_or_cfg = dataclasses.replace(name_or_cfg, **overrides)
         return MODELS.get(name_or_cfg.family)(name_or_cfg)
     if isinstance(name_or_cfg, Mapping) or hasattr(name_or_cfg, "keys"):
@@ -249,6 +253,11 @@ def build_model(name_or_cfg: Any, preset: str | None = None, **overrides: Any) -
         return build_model(name, preset or cfg_preset, **{**cfg_overrides, **overrides})
     cls = MODELS.get(name_or_cfg)
     return cls(cls.config_class.from_preset(preset, **overrides))
+
+
+def list_presets() -> list[str]:
+    """Every preset of every registered family as ``<family>/<preset>``."""
+    return [f"{name}/{preset}" for name in MODELS.names() for preset in MODELS.get(name).config_class.presets]
 
 
 def from_pretrained(directory: str | Path, map_location: str | torch.device = "cpu") -> VLModel:
@@ -279,14 +288,28 @@ def from_pretrained(directory: str | Path, map_location: str | torch.device = "c
     return model
 
 
+def command_preset(config_class: type[ModelConfig]) -> str:
+    """The preset the commands build unless ``model.preset=`` says otherwise: ``tiny`` when the family has
+    one (commands default to CPU-sized models), else its default preset."""
+    return "tiny" if "tiny" in config_class.presets else config_class.default_preset
+
+
+def hydra_node(name: str, preset: str | None = None) -> dict[str, Any]:
+    """A family's ``model`` config node, derived from its config dataclass: ``name``, ``preset`` and every
+    field as null (null takes the preset's value; set one to override it: ``model.<field>=...``)."""
+    config_class = MODELS.get(name).config_class
+    fields = [f.name for f in dataclasses.fields(config_class) if f.name != "preset"]
+    return {"name": name, "preset": preset or command_preset(config_class), **dict.fromkeys(fields)}
+
+
 def register_hydra_configs() -> None:
-    """Store every family preset, fully resolved, in Hydra's ConfigStore as ``model/<family>_<preset>``
-    (``model=uniter_base`` then picks it; ``conf/model/<family>.yaml`` is the override-friendly mirror)."""
+    """Store every registered family (plugins included) in Hydra's ConfigStore: ``model/<family>``
+    (``model=uniter``) and ``model/<family>_<preset>`` (``model=uniter_base``), both derived from the
+    family's config dataclass (`hydra_node`)."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
     for name in MODELS.names():
-        config_class = MODELS.get(name).config_class
-        for preset in config_class.presets:
-            store.store(group="model", name=f"{name}_{preset}",
-                        node={"name": name, **config_class.from_preset(preset).to_dict()})
+        store.store(group="model", name=name, node=hydra_node(name))
+        for preset in MODELS.get(name).config_class.presets:
+            store.store(group="model", name=f"{name}_{preset}", node=hydra_node(name, preset))

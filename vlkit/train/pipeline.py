@@ -6,7 +6,6 @@ so a comparison runs exactly what the single commands run.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from typing import Any, Mapping
 
 import torch
 
+from vlkit.io import sha256_file
 from vlkit.models.base import VLModel, split_model_config, from_pretrained
 from vlkit.registry import DATASETS, MODELS, TASKS
 
@@ -47,15 +47,6 @@ def shapes_feature_store(world: Any, directory: Path, progress: bool = True) -> 
     return path
 
 
-def file_digest(path: str | Path) -> str:
-    """sha256 of a file (feature stores in manifests)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 @dataclass
 class Environment:
     """The data side of a run, resolved for one model family: the data config (with the image
@@ -68,7 +59,8 @@ class Environment:
 
     def model_overrides(self, model_cfg: Mapping[str, Any]) -> dict[str, Any]:
         """Sizes the data decides: the tokenizer's vocabulary (unless a pre-trained text tower is
-        named) and the feature store's feature / class dimensions."""
+        named) and the feature store's feature / class dimensions. A model key set explicitly keeps its
+        value when the data allows it (a vocabulary at least the tokenizer's); a conflict is an error."""
         name, _, overrides = split_model_config(model_cfg)
         out: dict[str, Any] = {}
         if not overrides.get("text_pretrained"):
@@ -78,6 +70,11 @@ class Environment:
             out["v_feature_size"] = store.feature_dim
             if store.num_classes:
                 out["v_target_size"] = store.num_classes
+        for key, value in out.items():
+            given = overrides.get(key)
+            if given is not None and (given < value if key == "vocab_size" else given != value):
+                source = "the tokenizer has" if key == "vocab_size" else "the feature store gives"
+                raise ValueError(f"model.{key}={given} conflicts with the data: {source} {value}")
         return {k: v for k, v in out.items() if k not in overrides}
 
 
@@ -103,9 +100,12 @@ def prepare_environment(model_cfg: Mapping[str, Any], data_cfg: Mapping[str, Any
     if cls.image_input == "pixels":
         if image.get("source") == "features":
             raise ValueError(f"data.image.source=features gives region features; {name} takes pixels")
-        image.setdefault("size", None)
-        image["size"] = image["size"] or config.image_size
-        image["patch_size"] = config.patch_size
+        for key, field in (("size", "image_size"), ("patch_size", "patch_size")):
+            value = getattr(config, field)
+            if image.get(key) is not None and image[key] != value:
+                raise ValueError(f"data.image.{key}={image[key]} conflicts with model.{field}={value}: set one of them "
+                                 f"(or both to the same value)")
+            image[key] = value
     elif image.get("source") != "features":
         raise ValueError(f"{name} takes region features: set data.image.source=features and data.image.path")
     tokenizer = build_tokenizer(data.get("tokenizer", "shapes"))
@@ -193,13 +193,23 @@ def _fit(module: torch.nn.Module, dataset: Any, collate: Any, trainer_cfg: Any, 
     return trainer.fit(loader if seen is None else RecordingLoader(loader, seen))
 
 
+def family_mix(model: VLModel, mix: Any = None) -> Any:
+    """``mix``, or the model family's own pre-training mix (``default_mix``) when it is None."""
+    mix = plain(mix)
+    if mix is None:
+        mix = plain(type(model).default_mix)
+        if mix is None:
+            raise ValueError(f"{model.family} declares no default objective mix: choose one with objectives=<preset>")
+    return mix
+
+
 def pretrain_model(env: Environment, model: VLModel, mix: Any, trainer_cfg: Any, output_dir: str | Path,
                    seed: int = 0, seen: list[str] | None = None):
-    """Pre-train ``model`` on ``env``'s pairs with objective mix ``mix``; returns (module, TrainResult).
-    ``seen`` (a list) receives the id of every training example in the order it was used."""
+    """Pre-train ``model`` on ``env``'s pairs with objective mix ``mix`` (None: the family's own); returns
+    (module, TrainResult). ``seen`` (a list) receives the id of every training example in the order it was used."""
     from vlkit.objectives import build_pretraining
 
-    mix = plain(mix)
+    mix = family_mix(model, mix)
     pre = build_pretraining(model, mix, tokenizer=env.tokenizer, seed=seed)
     dataset = pretraining_dataset(env)
     _fit_tokenizers(pre, dataset)
