@@ -102,3 +102,13 @@ def sha256_file(path: str | os.PathLike) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def config_dir() -> Path:
+    """vlkit's Hydra configs (``conf/``): ``vlkit/conf`` inside an installed wheel, ``conf/`` at the
+    repository root in a source checkout (editable installs included)."""
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "conf", package.parent / "conf"):
+        if (candidate / "pretrain.yaml").is_file():
+            return candidate
+    raise FileNotFoundError(f"vlkit's configs are missing (looked in {package / 'conf'} and {package.parent / 'conf'})")

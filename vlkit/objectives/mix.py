@@ -29,13 +29,14 @@ from torch import Tensor, nn
 from vlkit.models.base import VLModel
 from vlkit.objectives.base import IncompatibleObjective, Objective, PassContext, TokenInfo
 from vlkit.objectives.masking import mask_patches, mask_regions, mask_tokens
+from vlkit.io import config_dir
 from vlkit.registry import OBJECTIVES
 from vlkit.types import LossOutput, VLBatch
 
 MIX_KEYS = ("sampling", "masking", "seed", "mask_only_matched", "text_masking", "region_masking", "patch_masking",
             "objectives")
 MASK_VIEWS = ("text", "regions", "patches")
-PRESET_DIR = Path(__file__).resolve().parent.parent / "conf" / "objectives"
+PRESET_DIR = config_dir() / "objectives"
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from vlkit.models.base import VLModel
 from vlkit.models.layers import MASK_VALUE

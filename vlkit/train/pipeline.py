@@ -14,7 +14,6 @@ from typing import Any, Mapping
 
 import torch
 
-from vlkit.io import sha256_file
 from vlkit.models.base import VLModel, split_model_config, from_pretrained
 from vlkit.registry import DATASETS, MODELS, TASKS
 

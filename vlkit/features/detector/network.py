@@ -1,45 +1,21 @@
-"""Bottom-up-attention Faster R-CNN (Anderson et al. 2018, §3.1) on torchvision ops, no detectron2.
-
-One implementation, two presets (official-code.md §4):
-
-* ``butd_r101``: the Caffe Visual Genome detector. ResNet-101 C4 with the Caffe stem (max-pool pad 0,
-  ceil), RPN on res4 (512 channels, 12 anchors 64-512 px, NMS 0.7, 6000 -> 300 proposals), RoIPool
-  14x14, res5 with stride 1 and dilation 2, mean-pooled 2048-d features, 1601-way classifier
-  (background first), class-specific box regression, attribute head (256-d embedding of the argmax
-  class, 512 hidden, 401 attributes). Input BGR minus the Caffe means, shorter side 600, longer <= 1000.
-* ``shapes``: a narrow ResNet-18-like C4 trunk of the same family trained on the shapes world
-  (``scripts/train_shapes_detector.py``); its weights ship in ``vlkit/features/assets``.
-
-Box conventions follow py-faster-rcnn (inclusive pixel boxes: width = x2 - x1 + 1, anchors centred at
-``(stride - 1) / 2``); the legacy ``+1`` IoU of the Caffe NMS is obtained with ``torchvision.ops.nms``
-on boxes whose far corner is moved by one pixel.
-
-``extract`` applies the BUTD selection rule (``generate_tsv.py``): boxes are the proposals, a box's
-``max_conf`` is its best class score over the classes 1.. for which it survives per-class NMS 0.3, keep
-``max_conf >= 0.2`` and clamp the count to [10, 100] (or fixed 36). Rows come back sorted by
-descending ``max_conf``. ``detect`` is standard Fast R-CNN inference (regressed boxes), used for mAP.
-"""
+"""The detector network: its config and presets, the ResNet C4 trunk, RPN, RoI heads, and the
+`BottomUpDetector` with preprocessing and inference (``run``, ``extract`` with the BUTD rule, ``detect``)."""
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchvision.ops import FrozenBatchNorm2d, batched_nms, box_iou, nms, roi_pool
+from torchvision.ops import FrozenBatchNorm2d, roi_pool
 
-from vlkit.io import sha256_file
+from vlkit.features.detector.boxes import butd_select, cell_anchors, class_nms, clip_boxes, decode_boxes, grid_anchors, legacy_nms
 
-ASSETS = Path(__file__).resolve().parent / "assets"
 CAFFE_PIXEL_MEAN_BGR = (102.9801, 115.9465, 122.7717)
-_SCALE_CLAMP = math.log(1000.0 / 16)
 
 
 @dataclass
@@ -133,123 +109,6 @@ def preset(name: str, **overrides: Any) -> DetectorConfig:
     if name not in PRESETS:
         raise KeyError(f"unknown detector preset {name!r}; choose from {sorted(PRESETS)}")
     return DetectorConfig(**{**PRESETS[name], **overrides})
-
-
-# --------------------------------------------------------------------------- boxes and anchors
-
-
-def cell_anchors(stride: int, scales: Sequence[float], ratios: Sequence[float]) -> Tensor:
-    """py-faster-rcnn ``generate_anchors``: ratio-major then scale, centred on ``(stride-1)/2``."""
-    ctr = (stride - 1) / 2.0
-    out = []
-    for r in ratios:
-        ws = np.round(np.sqrt(stride * stride / r))
-        hs = np.round(ws * r)
-        for s in scales:
-            w, h = ws * s, hs * s
-            out.append([ctr - 0.5 * (w - 1), ctr - 0.5 * (h - 1), ctr + 0.5 * (w - 1), ctr + 0.5 * (h - 1)])
-    return torch.tensor(out, dtype=torch.float32)
-
-
-def grid_anchors(cell: Tensor, height: int, width: int, stride: int) -> Tensor:
-    """All anchors of an ``height x width`` map, ordered (y, x, anchor) like the Caffe RPN."""
-    ys = torch.arange(height, dtype=cell.dtype, device=cell.device) * stride
-    xs = torch.arange(width, dtype=cell.dtype, device=cell.device) * stride
-    yy, xx = torch.meshgrid(ys, xs, indexing="ij")
-    shifts = torch.stack([xx, yy, xx, yy], dim=-1).reshape(-1, 1, 4)
-    return (shifts + cell.to(shifts.device)[None]).reshape(-1, 4)
-
-
-def _widths_centres(boxes: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    w = boxes[:, 2] - boxes[:, 0] + 1.0
-    h = boxes[:, 3] - boxes[:, 1] + 1.0
-    return w, h, boxes[:, 0] + 0.5 * w, boxes[:, 1] + 0.5 * h
-
-
-def encode_boxes(reference: Tensor, target: Tensor, weights: Sequence[float]) -> Tensor:
-    """Regression targets (dx, dy, dw, dh) taking ``reference`` boxes to ``target`` (py-faster-rcnn)."""
-    rw, rh, rx, ry = _widths_centres(reference)
-    tw, th, tx, ty = _widths_centres(target)
-    wx, wy, ww, wh = weights
-    return torch.stack(
-        [wx * (tx - rx) / rw, wy * (ty - ry) / rh, ww * torch.log(tw / rw), wh * torch.log(th / rh)], dim=1
-    )
-
-
-def decode_boxes(deltas: Tensor, boxes: Tensor, weights: Sequence[float]) -> Tensor:
-    """Apply ``deltas`` [R, K*4] to ``boxes`` [R, 4]; returns [R, K*4] (py-faster-rcnn ``bbox_transform_inv``)."""
-    w, h, cx, cy = _widths_centres(boxes.to(deltas.dtype))
-    wx, wy, ww, wh = weights
-    dx, dy = deltas[:, 0::4] / wx, deltas[:, 1::4] / wy
-    dw = (deltas[:, 2::4] / ww).clamp(max=_SCALE_CLAMP)
-    dh = (deltas[:, 3::4] / wh).clamp(max=_SCALE_CLAMP)
-    pcx, pcy = dx * w[:, None] + cx[:, None], dy * h[:, None] + cy[:, None]
-    pw, ph = torch.exp(dw) * w[:, None], torch.exp(dh) * h[:, None]
-    out = torch.stack([pcx - 0.5 * pw, pcy - 0.5 * ph, pcx + 0.5 * pw, pcy + 0.5 * ph], dim=2)
-    return out.reshape(deltas.shape)
-
-
-def clip_boxes(boxes: Tensor, height: float, width: float) -> Tensor:
-    """Clip [..., 4k] boxes to the inclusive pixel range [0, w-1] x [0, h-1]."""
-    out = boxes.clone()
-    out[..., 0::2] = out[..., 0::2].clamp(0, width - 1)
-    out[..., 1::2] = out[..., 1::2].clamp(0, height - 1)
-    return out
-
-
-def _legacy(boxes: Tensor) -> Tensor:
-    """Boxes whose standard IoU equals the Caffe ``+1`` IoU of ``boxes``."""
-    return boxes + boxes.new_tensor([0.0, 0.0, 1.0, 1.0])
-
-
-def legacy_nms(boxes: Tensor, scores: Tensor, thresh: float) -> Tensor:
-    return nms(_legacy(boxes), scores, thresh)
-
-
-def class_nms(boxes: Tensor, scores: Tensor, classes: Tensor, thresh: float) -> Tensor:
-    """Per-class legacy NMS; indices of the kept entries (a loop over classes when there are many)."""
-    if scores.numel() <= 4000:
-        return batched_nms(_legacy(boxes), scores, classes, thresh)
-    order = torch.argsort(classes, stable=True)
-    counts = torch.unique_consecutive(classes[order], return_counts=True)[1].tolist()
-    keep = torch.cat([idx[legacy_nms(boxes[idx], scores[idx], thresh)] for idx in order.split(counts)])
-    return keep[torch.argsort(scores[keep], descending=True, stable=True)]
-
-
-def butd_select(
-    boxes: Tensor, cls_prob: Tensor, nms_thresh: float = 0.3, conf_thresh: float = 0.2,
-    min_boxes: int = 10, max_boxes: int = 100,
-) -> tuple[Tensor, Tensor]:
-    """BUTD ``get_detections_from_im``: indices of the kept boxes (by descending ``max_conf``) and ``max_conf``.
-
-    ``max_conf[i]`` is the best score of box ``i`` over the foreground classes for which it survives
-    per-class NMS; boxes with ``max_conf >= conf_thresh`` are kept, clamped to [min_boxes, max_boxes].
-    Exact shortcut: NMS among entries scoring >= tau is unaffected by lower entries, so ``max_conf`` is
-    exact wherever it is >= tau; tau drops towards 0 until ``min_boxes`` boxes reach it. ``max_conf``
-    of unselected boxes below the final tau is reported as 0.
-    """
-    if min_boxes > max_boxes:
-        raise ValueError(f"min_boxes ({min_boxes}) must not exceed max_boxes ({max_boxes})")
-    r, c = cls_prob.shape
-    scores = cls_prob[:, 1:]
-    for tau in sorted({min(conf_thresh, t) for t in (conf_thresh, 0.01, 0.0)}, reverse=True):
-        rows, cols = (scores >= tau).nonzero(as_tuple=True) if tau > 0 else (None, None)
-        if rows is None:
-            rows = torch.arange(r, device=boxes.device).repeat_interleave(c - 1)
-            cols = torch.arange(c - 1, device=boxes.device).repeat(r)
-        vals = scores[rows, cols]
-        keep = class_nms(boxes[rows], vals, cols, nms_thresh)
-        max_conf = torch.zeros(r, dtype=cls_prob.dtype, device=cls_prob.device)
-        max_conf = max_conf.scatter_reduce(0, rows[keep], vals[keep], reduce="amax")
-        if tau <= 0 or int((max_conf >= tau).sum()) >= min(min_boxes, r):
-            break
-    order = torch.sort(max_conf, descending=True, stable=True).indices
-    n = int((max_conf >= conf_thresh).sum())
-    n = min(max(n, min_boxes), max_boxes, r)
-    return order[:n], max_conf
-
-
-# --------------------------------------------------------------------------- network
 
 
 def _norm(kind: str, channels: int) -> nn.Module:
@@ -579,128 +438,11 @@ class BottomUpDetector(nn.Module):
             results.append(_numpy({"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]}))
         return results
 
-    # ----------------------------------------------------------------- training
     def losses(self, images: Sequence[Any], targets: Sequence[dict[str, Any]]) -> dict[str, Tensor]:
-        """Faster R-CNN training losses for one same-size batch.
+        """Faster R-CNN training losses for one same-size batch (`vlkit.features.detector.training.losses`)."""
+        from vlkit.features.detector.training import losses
 
-        ``targets[i]``: ``boxes`` [M, 4] original pixels, ``labels`` [M] (1..C-1), ``attributes`` [M, k]
-        attribute ids padded with -1 (give an object without attributes id 0, "no attribute").
-        """
-        from torchvision.models.detection._utils import BalancedPositiveNegativeSampler, Matcher
-
-        cfg = self.cfg
-        prep = self.prepare(images)
-        feats = self.backbone(prep.tensor)
-        logits, deltas, anchors = self.rpn_outputs(feats)
-        gts = [
-            {k: torch.as_tensor(np.asarray(t[k]), device=self.device) for k in ("boxes", "labels", "attributes")}
-            for t in targets
-        ]
-        for g, s in zip(gts, prep.scales):
-            g["boxes"] = g["boxes"].float().reshape(-1, 4) * s
-        # RPN: anchors with IoU >= 0.7 (or best for a gt) are positive, < 0.3 negative
-        rpn_matcher = Matcher(0.7, 0.3, allow_low_quality_matches=True)
-        rpn_sampler = BalancedPositiveNegativeSampler(cfg.rpn_batch_per_image, 0.5)
-        labels, targets_d = [], []
-        for g in gts:
-            idx = rpn_matcher(box_iou(g["boxes"], anchors))
-            lab = (idx >= 0).float()
-            lab[idx == Matcher.BETWEEN_THRESHOLDS] = -1
-            labels.append(lab)
-            targets_d.append(encode_boxes(anchors, g["boxes"][idx.clamp(min=0)], (1.0, 1.0, 1.0, 1.0)))
-        pos, neg = rpn_sampler(labels)
-        pos, neg = torch.stack(pos).bool(), torch.stack(neg).bool()
-        sampled = pos | neg
-        n_rpn = max(int(sampled.sum()), 1)
-        loss_rpn_cls = F.binary_cross_entropy_with_logits(logits[sampled], torch.stack(labels)[sampled], reduction="sum") / n_rpn
-        loss_rpn_loc = F.smooth_l1_loss(deltas[pos], torch.stack(targets_d)[pos], beta=1 / 9, reduction="sum") / n_rpn
-        # RoI head: proposals + gt boxes, IoU >= 0.5 foreground
-        proposals = self.proposals(prep, logits.sigmoid(), deltas, anchors)
-        roi_matcher = Matcher(0.5, 0.5, allow_low_quality_matches=False)
-        roi_sampler = BalancedPositiveNegativeSampler(cfg.roi_batch_per_image, cfg.roi_positive_fraction)
-        rois, roi_labels, roi_idx = [], [], []
-        for p, g in zip(proposals, gts):
-            p = torch.cat([p, g["boxes"]])
-            idx = roi_matcher(box_iou(g["boxes"], p))
-            lab = torch.where(idx >= 0, g["labels"][idx.clamp(min=0)], torch.zeros_like(idx))
-            rois.append(p)
-            roi_labels.append(lab)
-            roi_idx.append(idx)
-        pos_m, neg_m = roi_sampler(roi_labels)
-        sel = [(pm | nm).nonzero().squeeze(1) for pm, nm in zip(pos_m, neg_m)]
-        rois_s = [r[s] for r, s in zip(rois, sel)]
-        labels_s = torch.cat([l[s] for l, s in zip(roi_labels, sel)])
-        gt_boxes_s = torch.cat([g["boxes"][i[s].clamp(min=0)] for g, i, s in zip(gts, roi_idx, sel)])
-        gt_attr_s = torch.cat([g["attributes"].reshape(len(g["boxes"]), -1)[i[s].clamp(min=0)] for g, i, s in zip(gts, roi_idx, sel)])
-        pooled = self.roi_heads.pooled_features(feats, rois_s)
-        cls_logits, box_deltas, attr_logits = self.roi_heads.box_predictor(pooled, classes=labels_s)
-        fg = labels_s > 0
-        n_roi = max(len(labels_s), 1)
-        loss_cls = F.cross_entropy(cls_logits, labels_s)
-        tgt = encode_boxes(torch.cat(rois_s)[fg], gt_boxes_s[fg], cfg.bbox_reg_weights)
-        pred = box_deltas.view(len(labels_s), -1, 4)[fg, labels_s[fg]]
-        loss_box = F.smooth_l1_loss(pred, tgt, beta=1.0, reduction="sum") / n_roi
-        attr_t = gt_attr_s[fg]
-        valid = attr_t >= 0
-        rows = valid.nonzero()[:, 0]
-        if len(rows):
-            loss_attr = F.cross_entropy(attr_logits[fg][rows], attr_t[valid].long())
-        else:
-            loss_attr = attr_logits.sum() * 0.0
-        return {
-            "loss_rpn_cls": loss_rpn_cls, "loss_rpn_loc": loss_rpn_loc, "loss_cls": loss_cls,
-            "loss_box_reg": loss_box, "loss_attr": cfg.attr_loss_weight * loss_attr,
-        }
-
-
-# --------------------------------------------------------------------------- evaluation
-
-
-def average_precision(
-    detections: Sequence[dict[str, Any]], ground_truths: Sequence[dict[str, Any]], iou_thresh: float = 0.5
-) -> dict[int, float]:
-    """Per-class AP at ``iou_thresh`` (PASCAL VOC all-point interpolation), for classes with ground truth.
-
-    ``detections[i]``: ``boxes`` [D, 4], ``scores`` [D], ``labels`` [D]; ``ground_truths[i]``: ``boxes``,
-    ``labels``. Detections are taken by descending score; one is a true positive when its best-overlapping
-    unmatched ground truth of its class has IoU >= ``iou_thresh`` (as COCO). mAP = mean of the values.
-    """
-    if len(detections) != len(ground_truths):
-        raise ValueError(f"{len(detections)} detection lists for {len(ground_truths)} images")
-    classes = sorted({int(c) for g in ground_truths for c in np.asarray(g["labels"]).reshape(-1)})
-    aps = {}
-    for c in classes:
-        scored, n_gt = [], 0
-        for img, (det, gt) in enumerate(zip(detections, ground_truths)):
-            gmask = np.asarray(gt["labels"]).reshape(-1) == c
-            n_gt += int(gmask.sum())
-            dmask = np.asarray(det["labels"]).reshape(-1) == c
-            dboxes = torch.as_tensor(np.asarray(det["boxes"], dtype=np.float32).reshape(-1, 4)[dmask])
-            gboxes = torch.as_tensor(np.asarray(gt["boxes"], dtype=np.float32).reshape(-1, 4)[gmask])
-            ious = box_iou(dboxes, gboxes).numpy() if len(dboxes) and len(gboxes) else np.zeros((len(dboxes), len(gboxes)))
-            for s, row in zip(np.asarray(det["scores"]).reshape(-1)[dmask], ious):
-                scored.append((float(s), img, row))
-        scored.sort(key=lambda t: -t[0])
-        matched: dict[int, set[int]] = {}
-        tp = np.zeros(len(scored))
-        for k, (_, img, row) in enumerate(scored):
-            taken = matched.setdefault(img, set())
-            free = [j for j in np.argsort(-row) if row[j] >= iou_thresh and j not in taken]
-            if free:
-                taken.add(int(free[0]))
-                tp[k] = 1
-        ctp = np.cumsum(tp)
-        recall = ctp / max(n_gt, 1)
-        precision = ctp / np.arange(1, len(scored) + 1)
-        mrec = np.concatenate([[0.0], recall, [1.0]])
-        mpre = np.concatenate([[0.0], precision, [0.0]])
-        mpre = np.maximum.accumulate(mpre[::-1])[::-1]
-        steps = np.nonzero(mrec[1:] != mrec[:-1])[0]
-        aps[c] = float(np.sum((mrec[steps + 1] - mrec[steps]) * mpre[steps + 1]))
-    return aps
-
-
-# --------------------------------------------------------------------------- helpers
+        return losses(self, images, targets)
 
 
 def _as_rgb_array(img: Any) -> np.ndarray:
@@ -721,137 +463,3 @@ def _as_rgb_array(img: Any) -> np.ndarray:
 def _numpy(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v.detach().float().cpu().numpy() if isinstance(v, Tensor) and v.is_floating_point()
             else v.cpu().numpy() if isinstance(v, Tensor) else v for k, v in d.items()}
-
-
-def save_detector(
-    model: BottomUpDetector, directory: str | os.PathLike, name: str, meta: dict[str, Any] | None = None,
-    dtype: torch.dtype = torch.float32,
-) -> Path:
-    """Write ``<name>.safetensors`` (floats as ``dtype``) and ``<name>.json`` (config + ``meta``) atomically;
-    returns the json path."""
-    from safetensors.torch import save_file
-
-    from vlkit.io import atomic_path, atomic_write_text
-
-    directory = Path(directory)
-    state = {
-        k: (v.to(dtype) if v.is_floating_point() else v).detach().contiguous().cpu()
-        for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")
-    }
-    with atomic_path(directory / f"{name}.safetensors") as tmp:
-        save_file(state, str(tmp))
-    doc = {"config": model.cfg.to_dict(), "meta": meta or {}}
-    atomic_write_text(directory / f"{name}.json", json.dumps(doc, indent=1))
-    return directory / f"{name}.json"
-
-
-def load_detector(
-    name: str | os.PathLike = "shapes", weights: str | os.PathLike | None = None, device: str | torch.device = "cpu",
-    random_init: bool = False, **overrides: Any,
-) -> BottomUpDetector:
-    """Build a detector ready for inference.
-
-    ``"shapes"`` (default): the shipped shapes detector. ``"butd"``: the ResNet-101 BUTD detector with
-    ``weights`` converted from ``faster_rcnn_from_caffe_attr.pkl`` (detectron2 format) or
-    ``bua-caffe-frcn-r101-k10-100.pth``. A path to a ``.json`` written by ``save_detector`` loads that
-    detector. ``random_init=True`` skips weights (benchmarks, tests). ``overrides`` edit the config
-    (e.g. ``min_boxes=36, max_boxes=36``).
-    """
-    from safetensors.torch import load_file
-
-    name = str(name)
-    if name in ("butd", "butd_r101"):
-        model = BottomUpDetector(preset("butd_r101", **overrides))
-        if not random_init:
-            if weights is None:
-                raise ValueError(
-                    "detector=butd needs weights=PATH (faster_rcnn_from_caffe_attr.pkl or bua-caffe-frcn-r101-k10-100.pth)"
-                )
-            from vlkit.convert.detector import load_butd_checkpoint
-
-            load_butd_checkpoint(model, weights, strict=True)
-            model.provenance = {"detector": "butd_r101", "weights": Path(weights).name, "weights_sha256": sha256_file(weights)}
-        return model.to(device).eval()
-    json_path = ASSETS / "shapes_detector.json" if name == "shapes" else Path(name)
-    if json_path.suffix != ".json":
-        raise ValueError(f"unknown detector {name!r}: use 'shapes', 'butd' or a detector .json written by save_detector")
-    if not json_path.exists():
-        raise FileNotFoundError(f"{json_path}: detector config not found")
-    doc = json.loads(json_path.read_text())
-    cfg = DetectorConfig.from_dict({**doc["config"], **overrides})
-    model = BottomUpDetector(cfg)
-    if not random_init:
-        wpath = Path(weights) if weights is not None else json_path.with_suffix(".safetensors")
-        missing, unexpected = model.load_state_dict(load_file(str(wpath)), strict=False)
-        missing = [k for k in missing if not k.endswith("num_batches_tracked")]
-        if missing or unexpected:
-            raise ValueError(f"{wpath}: weights do not match the config (missing {missing[:5]}, unexpected {unexpected[:5]})")
-        model.provenance = {"detector": cfg.name, "weights": wpath.name, "weights_sha256": sha256_file(wpath)}
-    return model.to(device).eval()
-
-
-def extract_features(
-    images: Iterable[tuple[str, Any]], out: str | os.PathLike, detector: str | BottomUpDetector = "shapes",
-    weights: str | os.PathLike | None = None, batch_size: int = 8, device: str = "cpu",
-    min_boxes: int | None = None, max_boxes: int | None = None, conf_th: float | None = None,
-    resume: bool = True, dtype: str = "float16", progress: bool = True, total: int | None = None,
-) -> Path:
-    """Extract region features of ``(image_id, image)`` pairs into the h5 store ``out``.
-
-    ``image`` is a PIL image, an RGB uint8 array or a path (opened only when needed). Images already in
-    the store (or in an interrupted run's completed shards) are skipped when ``resume`` is true.
-    Batches group images of the same resized size, so batching never pads (features equal batch 1).
-    """
-    from tqdm.auto import tqdm
-
-    from vlkit.features.store import FeatureStoreWriter
-
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = detector if isinstance(detector, BottomUpDetector) else load_detector(detector, weights, device=device)
-    model = model.to(device).eval()
-    cfg = model.cfg
-    sel = {
-        "conf_th": cfg.conf_thresh if conf_th is None else conf_th,
-        "min_boxes": cfg.min_boxes if min_boxes is None else min_boxes,
-        "max_boxes": cfg.max_boxes if max_boxes is None else max_boxes,
-    }
-    provenance = {
-        **model.provenance, **sel, "nms": cfg.test_nms, "min_size": cfg.min_size, "max_size": cfg.max_size,
-        "input_format": cfg.input_format, "pixel_mean": list(cfg.pixel_mean), "pixel_std": list(cfg.pixel_std),
-        "box_source": "RPN proposals kept by the BUTD rule",
-    }
-    if total is None and hasattr(images, "__len__"):
-        total = len(images)  # type: ignore[arg-type]
-    with FeatureStoreWriter(out, provenance=provenance, resume=resume, dtype=dtype) as writer:
-        bar = tqdm(total=total, desc=f"extract {Path(out).name}", unit="img", disable=not progress)
-        pending: dict[tuple[int, int], list[tuple[str, np.ndarray]]] = {}
-
-        def run(key: tuple[int, int]) -> None:
-            batch = pending.pop(key)
-            outs = model.extract([a for _, a in batch], conf_thresh=sel["conf_th"], min_boxes=sel["min_boxes"], max_boxes=sel["max_boxes"])
-            for (image_id, _), o in zip(batch, outs):
-                writer.add(image_id, **o)
-            bar.update(len(batch))
-
-        for image_id, image in images:
-            image_id = str(image_id)
-            if image_id in writer.done_ids:
-                bar.update(1)
-                continue
-            try:
-                arr = _as_rgb_array(image)
-            except Exception as e:  # noqa: BLE001 - re-raised with the id
-                raise ValueError(f"image {image_id!r}: cannot read ({e})") from e
-            h, w = arr.shape[:2]
-            s = model.resize_scale(h, w)
-            key = (round(h * s), round(w * s))
-            pending.setdefault(key, []).append((image_id, arr))
-            if len(pending[key]) >= batch_size:
-                run(key)
-            elif sum(map(len, pending.values())) >= 4 * batch_size:  # bound memory with many sizes
-                run(max(pending, key=lambda k: len(pending[k])))
-        for key in list(pending):
-            run(key)
-        bar.close()
-    return Path(out)
