@@ -1,52 +1,22 @@
-"""The embedded default world: procedurally generated scenes of coloured shapes with captions,
-VQA questions, referring expressions, NLVR2-style statements and SNLI-VE-style hypotheses.
-
-Everything is a pure function of ``(seed, index)``: each kind of annotation draws from its own
-``numpy.random.default_rng((seed, stream, index))`` stream, so any item can be built on its own.
-Image ids are the decimal image index (``"0"``, ``"1"``, ...), as Flickr30K ids are plain numbers;
-integer-id formats (COCO, VQA) store ``int(image_id)``.
-"""
+"""The shapes world's language: templates and the descriptions of scene objects, the annotations built
+from them (captions, VQA questions, referring expressions, NLVR2 statements, SNLI-VE hypotheses), and
+the closed-vocabulary tokenizer over every word they can produce."""
 from __future__ import annotations
 
 import functools
-import hashlib
-import io
-import json
 import re
-from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
-from PIL import Image, ImageDraw
 
-from vlkit.io import atomic_path, atomic_write_text, sha256_file
-
-KINDS: tuple[str, ...] = ("circle", "square", "triangle", "diamond", "cross")
-COLORS: tuple[str, ...] = ("red", "orange", "yellow", "green", "cyan", "blue", "purple")
-SIZES: tuple[str, ...] = ("small", "medium", "large")
-OBJECT_CLASSES: tuple[str, ...] = ("__background__",) + KINDS
-ATTRIBUTES: tuple[str, ...] = ("__no_attribute__",) + COLORS + SIZES
-SPLITS: tuple[str, ...] = ("train", "val", "test")
-
-PALETTE: dict[str, tuple[int, int, int]] = {
-    "red": (220, 40, 40), "orange": (245, 140, 20), "yellow": (240, 220, 40), "green": (40, 180, 60),
-    "cyan": (40, 210, 220), "blue": (40, 80, 230), "purple": (150, 60, 200),
-}
-# Side of a shape's square box in pixels at 128 px images, per size class (inclusive ranges).
-_EXTENTS = {"small": (14, 20), "medium": (24, 32), "large": (38, 48)}
-_BASE_SIZE = 128
-_MIN_VISIBLE = 0.6  # fraction of its own pixels every object keeps after later objects are drawn
-_PLACEMENT_TRIES = 60
-_MARGIN = 8  # px at 128: centre distance that makes a spatial relation unambiguous
+from vlkit.data.shapes.scenes import COLORS, KINDS, SIZES, Scene, ShapeObject, _MARGIN
 
 _PLURAL = {"circle": "circles", "square": "squares", "triangle": "triangles", "diamond": "diamonds",
            "cross": "crosses", "shape": "shapes", "object": "objects"}
 _NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 _POSITIONS = {"left": "on the left", "right": "on the right", "top": "at the top", "bottom": "at the bottom"}
 _RELATIONS = {"left": "to the left of", "right": "to the right of", "above": "above", "below": "below"}
-_STREAMS = {"scene": 1, "captions": 2, "vqa": 3, "refexp": 4, "nlvr2": 5, "snli_ve": 6, "nlvr2_pair": 7}
 
 # Text templates. Every literal word of the world's language appears in one of the tuples below
 # (or in the constants above), which is how `shapes_tokenizer` builds its closed vocabulary.
@@ -105,10 +75,6 @@ _NEUTRAL_FILLERS = {
 _ANSWER_WORDS = ("yes", "no", "left", "right", "above", "below")
 
 
-def _scale(image_size: int, px: float) -> float:
-    return px * image_size / _BASE_SIZE
-
-
 def _article(phrase: str) -> str:
     return ("an " if phrase[0] in "aeiou" else "a ") + phrase
 
@@ -118,89 +84,6 @@ def _phrase(kind: str | None, color: str | None = None, size: str | None = None,
     """"large red circle", "red shapes": the attributes given, then the kind (or ``noun``)."""
     head = kind or noun
     return " ".join(w for w in (size, color, _PLURAL[head] if plural else head) if w)
-
-
-# --------------------------------------------------------------------------------------------
-# Scenes
-# --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ShapeObject:
-    """One shape: ``box`` is its tight pixel box (x1, y1, x2, y2), ``class_id`` indexes
-    `OBJECT_CLASSES` and ``attribute_ids`` (colour, size) index `ATTRIBUTES`."""
-
-    kind: str
-    color: str
-    size: str
-    box: tuple[float, float, float, float]
-    class_id: int
-    attribute_ids: tuple[int, ...]
-
-    @property
-    def center(self) -> tuple[float, float]:
-        return (self.box[0] + self.box[2]) / 2, (self.box[1] + self.box[3]) / 2
-
-    @property
-    def extent(self) -> float:
-        return self.box[2] - self.box[0]
-
-    def matches(self, kind: str | None = None, color: str | None = None, size: str | None = None) -> bool:
-        return (kind is None or self.kind == kind) and (color is None or self.color == color) \
-            and (size is None or self.size == size)
-
-
-def _make_object(kind: str, color: str, size: str, box: tuple[float, float, float, float]) -> ShapeObject:
-    return ShapeObject(kind, color, size, box, OBJECT_CLASSES.index(kind),
-                       (ATTRIBUTES.index(color), ATTRIBUTES.index(size)))
-
-
-def _draw_shape(draw: ImageDraw.ImageDraw, kind: str, box: Sequence[float], fill: Any) -> None:
-    """Draw ``kind`` filling the pixel box [x0, x1) x [y0, y1) exactly (it touches all four sides)."""
-    x0, y0, x1, y1 = (int(v) for v in box)
-    xr, yb = x1 - 1, y1 - 1  # last pixel column / row (PIL coordinates are inclusive)
-    cx, cy = (x0 + xr) / 2, (y0 + yb) / 2
-    if kind == "circle":
-        draw.ellipse([x0, y0, xr, yb], fill=fill)
-    elif kind == "square":
-        draw.rectangle([x0, y0, xr, yb], fill=fill)
-    elif kind == "triangle":
-        draw.polygon([(x0, yb), (xr, yb), (cx, y0)], fill=fill)
-    elif kind == "diamond":
-        draw.polygon([(cx, y0), (xr, cy), (cx, yb), (x0, cy)], fill=fill)
-    elif kind == "cross":
-        t = max(2, (x1 - x0) // 3)
-        a, b = x0 + ((x1 - x0) - t) // 2, y0 + ((y1 - y0) - t) // 2
-        draw.rectangle([x0, b, xr, b + t - 1], fill=fill)
-        draw.rectangle([a, y0, a + t - 1, yb], fill=fill)
-    else:
-        raise ValueError(f"unknown shape kind {kind!r}; known kinds: {', '.join(KINDS)}")
-
-
-def shape_mask(kind: str, box: Sequence[float], width: int, height: int) -> np.ndarray:
-    """Boolean [height, width] mask of the pixels ``kind`` covers in ``box``."""
-    canvas = Image.new("1", (width, height), 0)
-    _draw_shape(ImageDraw.Draw(canvas), kind, box, 1)
-    return np.asarray(canvas, dtype=bool)
-
-
-@dataclass(frozen=True)
-class Scene:
-    """A rendered-on-demand scene; objects are drawn in order (later ones may occlude earlier ones)."""
-
-    image_id: str
-    width: int
-    height: int
-    objects: tuple[ShapeObject, ...]
-    background: int = 32
-
-    def render(self) -> Image.Image:
-        img = Image.new("RGB", (self.width, self.height), (self.background,) * 3)
-        draw = ImageDraw.Draw(img)
-        for obj in self.objects:
-            _draw_shape(draw, obj.kind, obj.box, PALETTE[obj.color])
-        return img
-
-    def count(self, kind: str | None = None, color: str | None = None, size: str | None = None) -> int:
-        return sum(o.matches(kind, color, size) for o in self.objects)
 
 
 # --------------------------------------------------------------------------------------------
@@ -267,114 +150,9 @@ def _count_phrase(n: int, kind: str | None = None, color: str | None = None, siz
     return f"{_NUMBER_WORDS[n]} {_phrase(kind, color, size, plural=n != 1)}"
 
 
-# --------------------------------------------------------------------------------------------
-# The world
-# --------------------------------------------------------------------------------------------
-def _lru(cache: OrderedDict, key: int, make: Callable[[int], Any], maxsize: int) -> Any:
-    """``cache[key]``, made by ``make(key)`` on a miss; the least recently used entry goes first."""
-    if key in cache:
-        cache.move_to_end(key)
-    else:
-        cache[key] = make(key)
-        if len(cache) > maxsize:
-            cache.popitem(last=False)
-    return cache[key]
-
-
-class ShapesWorld:
-    """Deterministic scenes and annotations: everything depends only on ``(seed, index)``."""
-
-    def __init__(self, seed: int = 0, num_images: int = 2000, image_size: int = 128):
-        if seed < 0:
-            raise ValueError(f"ShapesWorld: seed must be >= 0, got {seed}")
-        if num_images < 1:
-            raise ValueError(f"ShapesWorld: num_images must be >= 1, got {num_images}")
-        if image_size < 64:
-            raise ValueError(f"ShapesWorld: image_size must be >= 64 px, got {image_size}")
-        self.seed, self.num_images, self.image_size = int(seed), int(num_images), int(image_size)
-        self.margin = _scale(image_size, _MARGIN)
-        self._scenes: OrderedDict[int, Scene] = OrderedDict()
-        self._images: OrderedDict[int, Image.Image] = OrderedDict()
-
-    def __len__(self) -> int:
-        return self.num_images
-
-    def __repr__(self) -> str:
-        return f"ShapesWorld(seed={self.seed}, num_images={self.num_images}, image_size={self.image_size})"
-
-    def _rng(self, stream: str, i: int) -> np.random.Generator:
-        return np.random.default_rng((self.seed, _STREAMS[stream], i))
-
-    def _check(self, i: int) -> int:
-        i = int(i)
-        if not 0 <= i < self.num_images:
-            raise IndexError(f"{self!r}: image index {i} out of range [0, {self.num_images})")
-        return i
-
-    # ---- ids and splits ---------------------------------------------------------------------
-    def image_id(self, i: int) -> str:
-        return str(self._check(i))
-
-    def index_of(self, image_id: str) -> int:
-        """Inverse of `image_id`."""
-        if not str(image_id).isdigit():
-            raise KeyError(f"{self!r}: {image_id!r} is not a shapes image id")
-        return self._check(int(image_id))
-
-    def split(self, i: int) -> str:
-        """Karpathy-style split: the last 10% of the images are test, the 10% before them val."""
-        i = self._check(i)
-        return next(s for s in SPLITS if i in self.indices(s))
-
-    def indices(self, split: str) -> range:
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; shapes splits: {', '.join(SPLITS)}")
-        n, tenth = self.num_images, self.num_images // 10
-        bounds = {"train": (0, n - 2 * tenth), "val": (n - 2 * tenth, n - tenth), "test": (n - tenth, n)}
-        return range(*bounds[split])
-
-    # ---- scenes and images ------------------------------------------------------------------
-    def scene(self, i: int) -> Scene:
-        return _lru(self._scenes, self._check(i), self._make_scene, maxsize=65536)
-
-    def _make_scene(self, i: int) -> Scene:
-        rng = self._rng("scene", i)
-        w = h = self.image_size
-        n = int(rng.integers(1, 6))
-        background = int(rng.integers(20, 61))
-        owner = np.zeros((h, w), dtype=np.int16)  # which object (1-based) shows at each pixel
-        areas: list[int] = []
-        objects: list[ShapeObject] = []
-        for _ in range(n):
-            for _ in range(_PLACEMENT_TRIES):
-                kind, color, size = KINDS[rng.integers(len(KINDS))], COLORS[rng.integers(len(COLORS))], \
-                    SIZES[rng.integers(len(SIZES))]
-                lo, hi = _EXTENTS[size]
-                s = int(round(_scale(w, rng.integers(lo, hi + 1))))
-                x0, y0 = int(rng.integers(1, w - s)), int(rng.integers(1, h - s))
-                box = (float(x0), float(y0), float(x0 + s), float(y0 + s))
-                mask = shape_mask(kind, box, w, h)
-                trial = owner.copy()
-                trial[mask] = len(objects) + 1
-                visible = np.bincount(trial.ravel(), minlength=len(objects) + 2)[1:len(objects) + 1]
-                if all(v >= _MIN_VISIBLE * a for v, a in zip(visible, areas)):
-                    owner, areas = trial, areas + [int(mask.sum())]
-                    objects.append(_make_object(kind, color, size, box))
-                    break
-        return Scene(str(i), w, h, tuple(objects), background)
-
-    def image(self, i: int) -> Image.Image:
-        """The rendered scene (RGB); recent renders are cached, a copy is returned."""
-        return _lru(self._images, self._check(i), lambda k: self.scene(k).render(), maxsize=512).copy()
-
-    def load_image(self, image_id: str) -> Image.Image:
-        """`image` by image id (an image source for `vlkit.data.pairs.PixelSource`)."""
-        return self.image(self.index_of(image_id))
-
-    def png_bytes(self, i: int) -> bytes:
-        buf = io.BytesIO()
-        self.image(i).save(buf, format="PNG", optimize=False)
-        return buf.getvalue()
+class ShapesLanguage:
+    """The annotations of a world of scenes (``scene(i)``, ``_rng(stream, i)``, ``margin``, ``image_id``,
+    ``num_images`` come from `vlkit.data.shapes.scenes.ShapeScenes`)."""
 
     # ---- text helpers -----------------------------------------------------------------------
     def _unique_refs(self, scene: Scene, exclude: Iterable[str] = (), positional: bool = False) -> dict[int, list[_Ref]]:
@@ -704,182 +482,3 @@ def shapes_tokenizer():
 
     vocab = {tok: k for k, tok in enumerate(shapes_vocab())}
     return BertTokenizerFast(vocab=vocab, do_lower_case=True, model_max_length=512)
-
-
-# --------------------------------------------------------------------------------------------
-# Writing the world to disk (`vlkit make-shapes`)
-# --------------------------------------------------------------------------------------------
-FILES = {
-    "image": "images/{image_id}.png",
-    "karpathy": "dataset_shapes.json",
-    "captions": "captions.jsonl",
-    "vqa_questions": "v2_OpenEnded_mscoco_{split}_questions.json",
-    "vqa_annotations": "v2_mscoco_{split}_annotations.json",
-    "nlvr2": "{split}.json",
-    "refs": "refs(unc).json",
-    "instances": "instances.json",
-    "snli_ve": "snli_ve_{split}.jsonl",
-    "boxes": "boxes.json",
-    "vocab": "vocab.txt",
-    "manifest": "manifest.json",
-}
-"""File names `write_shapes` uses, relative to its output folder (``{split}`` in train/val/test)."""
-
-_MANIFEST_FORMAT = "vlkit-shapes/1"
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _json_bytes(obj: Any) -> bytes:
-    return json.dumps(obj).encode()
-
-
-def _jsonl_bytes(records: Iterable[dict]) -> bytes:
-    return "".join(json.dumps(r) + "\n" for r in records).encode()
-
-
-def _annotation_files(world: ShapesWorld) -> tuple[dict[str, bytes], dict[str, Any]]:
-    """Every annotation file of the world (relative path -> bytes) and the manifest counts."""
-    n = world.num_images
-    karpathy, captions, boxes, refs = [], [], [], []
-    instances = {"images": [], "annotations": [],
-                 "categories": [{"id": k, "name": name, "supercategory": "shape"}
-                                for k, name in enumerate(OBJECT_CLASSES) if k > 0]}
-    by_split: dict[str, dict[str, list]] = {s: {"questions": [], "annotations": [], "nlvr2": [], "snli_ve": []}
-                                            for s in SPLITS}
-    for i in range(n):
-        scene, split, image_id = world.scene(i), world.split(i), world.image_id(i)
-        file_name = Path(FILES["image"].format(image_id=image_id)).name
-        caps = world.captions(i)
-        karpathy.append({
-            "filepath": "images", "filename": file_name, "imgid": i, "cocoid": i, "split": split,
-            "sentids": [i * 5 + k for k in range(len(caps))],
-            "sentences": [{"tokens": re.findall(r"[a-z0-9]+", c.lower()), "raw": c, "imgid": i, "sentid": i * 5 + k}
-                          for k, c in enumerate(caps)],
-        })
-        captions += [{"image_id": image_id, "caption": c} for c in caps]
-        instances["images"].append({"id": i, "file_name": file_name, "width": scene.width, "height": scene.height})
-        for k, o in enumerate(scene.objects):
-            x0, y0, x1, y1 = o.box
-            instances["annotations"].append({
-                "id": i * 10 + k, "image_id": i, "category_id": o.class_id, "bbox": [x0, y0, x1 - x0, y1 - y0],
-                "area": (x1 - x0) * (y1 - y0), "iscrowd": 0, "attribute_ids": list(o.attribute_ids)})
-        boxes.append({"image_id": image_id, "file_name": file_name, "width": scene.width, "height": scene.height,
-                      "split": split, "boxes": [list(o.box) for o in scene.objects],
-                      "class_ids": [o.class_id for o in scene.objects],
-                      "attribute_ids": [list(o.attribute_ids) for o in scene.objects]})
-        for q in world.vqa(i):
-            by_split[split]["questions"].append({k: q[k] for k in ("image_id", "question", "question_id")})
-            by_split[split]["annotations"].append({k: q[k] for k in (
-                "question_type", "multiple_choice_answer", "answers", "image_id", "answer_type", "question_id")})
-        refs += [{k: v for k, v in r.items() if k not in ("object_index", "bbox")} for r in world.refexps(i)]
-        by_split[split]["nlvr2"].append(world.nlvr2(i))
-        by_split[split]["snli_ve"] += world.snli_ve(i)
-
-    files = {
-        FILES["karpathy"]: _json_bytes({"images": karpathy, "dataset": "shapes"}),
-        FILES["captions"]: _jsonl_bytes(captions),
-        FILES["refs"]: _json_bytes(refs),
-        FILES["instances"]: _json_bytes(instances),
-        FILES["boxes"]: _json_bytes({"classes": list(OBJECT_CLASSES), "attributes": list(ATTRIBUTES), "images": boxes}),
-        FILES["vocab"]: ("\n".join(shapes_vocab()) + "\n").encode(),
-    }
-    for split, parts in by_split.items():
-        info = {"description": f"vlkit shapes world, seed {world.seed}", "version": _MANIFEST_FORMAT}
-        files[FILES["vqa_questions"].format(split=split)] = _json_bytes({
-            "info": info, "task_type": "Open-Ended", "data_type": "shapes", "data_subtype": split, "license": {},
-            "questions": parts["questions"]})
-        files[FILES["vqa_annotations"].format(split=split)] = _json_bytes({
-            "info": info, "data_type": "shapes", "data_subtype": split, "license": {},
-            "annotations": parts["annotations"]})
-        files[FILES["nlvr2"].format(split=split)] = _jsonl_bytes(parts["nlvr2"])
-        files[FILES["snli_ve"].format(split=split)] = _jsonl_bytes(parts["snli_ve"])
-    counts = {
-        "images": {s: len(world.indices(s)) for s in SPLITS}, "captions": len(captions),
-        "objects": len(instances["annotations"]), "refs": len(refs),
-        "questions": {s: len(p["questions"]) for s, p in by_split.items()},
-        "nlvr2": {s: len(p["nlvr2"]) for s, p in by_split.items()},
-        "snli_ve": {s: len(p["snli_ve"]) for s, p in by_split.items()},
-    }
-    return files, counts
-
-
-def _read_manifest(path: Path, params: dict) -> dict:
-    """An existing manifest written with the same ``params`` ({} if none)."""
-    if not path.exists():
-        return {}
-    try:
-        manifest = json.loads(path.read_text())
-        old_params, files = manifest["params"], manifest["files"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: unreadable shapes manifest ({e}); delete it to regenerate the folder") from e
-    if old_params != params or not isinstance(files, dict):
-        raise ValueError(f"{path}: this folder holds a shapes world with {old_params}, not {params}; "
-                         "choose another out= or delete the folder")
-    return manifest
-
-
-def write_shapes(world: ShapesWorld, out: str | Path, flush_every: int = 256,
-                 progress: Callable[[Iterable], Iterable] | None = None) -> dict:
-    """Write images and every annotation file of ``world`` under ``out`` (names in `FILES`).
-
-    Each file is written atomically and recorded with its sha256 in ``manifest.json`` (flushed
-    every ``flush_every`` images); a re-run skips every file whose bytes match the manifest.
-    Returns the manifest.
-    """
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    manifest_path = out / FILES["manifest"]
-    params = {"seed": world.seed, "num_images": world.num_images, "image_size": world.image_size}
-    previous = _read_manifest(manifest_path, params)
-    recorded: dict[str, str] = dict(previous.get("files", {}))
-    files: dict[str, str] = {}
-
-    def complete(rel: str, digest: str | None = None) -> bool:
-        path = out / rel
-        want = recorded.get(rel) if digest is None else digest
-        return want is not None and recorded.get(rel) == want and path.is_file() and sha256_file(path) == want
-
-    def save(rel: str, data: bytes) -> None:
-        digest = _sha256(data)
-        if not complete(rel, digest):
-            with atomic_path(out / rel) as tmp:
-                tmp.write_bytes(data)
-        files[rel] = digest
-
-    def flush(counts: dict | None = None) -> dict:
-        manifest = {"format": _MANIFEST_FORMAT, "params": params, "complete": counts is not None,
-                    "counts": counts or {}, "files": {**recorded, **files}}
-        atomic_write_text(manifest_path, json.dumps(manifest, indent=1, sort_keys=True))
-        return manifest
-
-    if previous.get("complete") and all(complete(rel) for rel in recorded):
-        return previous
-    indices = range(world.num_images)
-    for done, i in enumerate(progress(indices) if progress else indices, start=1):
-        rel = FILES["image"].format(image_id=world.image_id(i))
-        if complete(rel):
-            files[rel] = recorded[rel]
-        else:
-            save(rel, world.png_bytes(i))
-        if done % flush_every == 0:
-            flush()
-    annotations, counts = _annotation_files(world)
-    for rel, data in annotations.items():
-        save(rel, data)
-    recorded = {}  # everything is now in `files`; drop entries of files this world no longer has
-    return flush(counts)
-
-
-def make_shapes_main(cfg) -> None:
-    """``vlkit make-shapes out=DIR num_images=N seed=S [image_size=128]``."""
-    from tqdm import tqdm
-
-    world = ShapesWorld(seed=cfg.seed, num_images=cfg.num_images, image_size=cfg.image_size)
-    manifest = write_shapes(world, cfg.out, progress=lambda it: tqdm(it, desc="shapes images", unit="img"))
-    c = manifest["counts"]
-    print(f"wrote {world!r} to {cfg.out}: {sum(c['images'].values())} images, {c['captions']} captions, "
-          f"{sum(c['questions'].values())} questions, {c['refs']} refs, {sum(c['nlvr2'].values())} NLVR2 "
-          f"statements, {sum(c['snli_ve'].values())} SNLI-VE hypotheses")
