@@ -96,6 +96,7 @@ class Pretraining(nn.Module):
     def __init__(self, model: VLModel, mix: Any, tokens: TokenInfo | None = None, seed: int | None = None):
         super().__init__()
         cfg = load_mix(mix)
+        self.mix = cfg
         self.model = model
         self.sampling = cfg.get("sampling", "per_batch")
         self.masking = cfg.get("masking", "conditional")

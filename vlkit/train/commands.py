@@ -72,6 +72,8 @@ def evaluate(cfg) -> int:
     if info["kind"] == "finetune":
         task_cfg = info["task_cfg"]
         model = pipeline.from_pretrained(model_dir)
+        if info.get("pretraining"):  # a task that kept pre-training heads (retrieval's ITM head)
+            model = pipeline.rebuild_pretraining(model, info["pretraining"])
         task = build_task(info["task"], model, **info["options"])
         load_model(task, str(directory / pipeline.TASK_WEIGHTS), strict=True)
     else:

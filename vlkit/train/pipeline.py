@@ -145,14 +145,20 @@ def load_pretraining(directory: str | Path, model: VLModel | None = None):
     """The `Pretraining` module (model + objective heads) saved by a pre-training run."""
     from safetensors.torch import load_model
 
-    from vlkit.objectives import build_pretraining
-
     directory = Path(directory)
     info = json.loads((directory / RUN_INFO).read_text())
     model = model or from_pretrained(directory / "model")
-    pre = build_pretraining(model, info["objectives"], seed=info.get("seed"))
-    _fit_tokenizers(pre, None)
+    pre = rebuild_pretraining(model, {"objectives": info["objectives"], "seed": info.get("seed")})
     load_model(pre, str(directory / PRETRAINING_WEIGHTS), strict=True)
+    return pre
+
+
+def rebuild_pretraining(model: VLModel, recorded: Mapping[str, Any]):
+    """A `Pretraining` module of the recorded ``{objectives, seed}`` around ``model``, its weights to be loaded."""
+    from vlkit.objectives import build_pretraining
+
+    pre = build_pretraining(model, recorded["objectives"], seed=recorded.get("seed"))
+    _fit_tokenizers(pre, None)
     return pre
 
 
@@ -235,14 +241,19 @@ def finetune_task(env: Environment, model: Any, task_cfg: Mapping[str, Any], tra
     cls = TASKS.get(name)
     data = cls.build_data(task_cfg, env.tokenizer, env.image_source, env.world)
     options = {**data.options, **(task_cfg.get("options") or {})}
-    if isinstance(model, Pretraining) and not cls.from_pretraining:
-        model = model.model
+    pretraining = None
+    if isinstance(model, Pretraining):
+        if cls.from_pretraining:  # the task keeps some of its heads: recorded to rebuild it for evaluation
+            pretraining = {"objectives": model.mix, "seed": model.seed}
+        else:
+            model = model.model
     task = build_task(name, model, **options)
     collate = data.collate or data.train.collator()
     result = _fit(task, data.train, collate, trainer_cfg, output_dir, seed, seen, getattr(data.train, "lengths", None))
     metrics = evaluate_task(task, data, eval_splits, task_cfg.get("eval_batch_size", 64))
     info = {"kind": "finetune", "task": name, "family": task.model.family, "options": _jsonable(options),
-            "seed": seed, "data": env.data, "task_cfg": task_cfg, "steps": result.step, "metrics": metrics}
+            "seed": seed, "data": env.data, "task_cfg": task_cfg, "steps": result.step, "metrics": metrics,
+            "pretraining": pretraining}
     save_run(Path(output_dir), task, info)
     return task, data, result, metrics
 
