@@ -329,6 +329,9 @@ def _image_source(cfg: Mapping[str, Any], world: Any = None):
                             max_bb=cfg.get("max_bb", 100), min_bb=cfg.get("min_bb", 10))
     from vlkit.features.patches import pixel_transform
 
+    if "mean" in cfg or "std" in cfg:
+        raise ValueError("data.image.mean / data.image.std are no longer read: name the normalisation with "
+                         "data.image.transform (clip | imagenet | vit | none)")
     transform = pixel_transform(cfg.get("transform") or "none", cfg.get("size"), bool(cfg.get("randaug", False)))
     if kind == "folder":
         if not cfg.get("path"):
