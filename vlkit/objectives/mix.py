@@ -26,10 +26,10 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
+from vlkit.io import config_dir
 from vlkit.models.base import VLModel
 from vlkit.objectives.base import IncompatibleObjective, Objective, PassContext, TokenInfo
 from vlkit.objectives.masking import mask_patches, mask_regions, mask_tokens
-from vlkit.io import config_dir
 from vlkit.registry import OBJECTIVES
 from vlkit.types import LossOutput, VLBatch
 

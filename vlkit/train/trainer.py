@@ -5,7 +5,7 @@ A *training module* is an ``nn.Module`` whose ``forward(batch, step, micro_step)
 parameter groups). ``step`` is the optimizer-step index, the same for every micro-batch of an
 accumulation group and on every rank; ``micro_step`` the global micro-batch index.
 
-    trainer = Trainer(module, TrainerConfig.from_preset("meter", max_steps=1000, output_dir="run"))  # a family's
+    trainer = Trainer(module, TrainerConfig.from_preset("meter", max_steps=1000, output_dir="run"))
     trainer.fit(trainer.loader(dataset))
 
 Every run writes ``<output_dir>/metrics.jsonl`` (one object per logged step: step, loss, lr,
