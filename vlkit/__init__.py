@@ -1,21 +1,56 @@
-"""vlkit: ViLBERT, UNITER and METER under one roof.
+"""vlkit: ViLBERT, UNITER and METER under one roof, and a registry that any further family joins.
 
     import vlkit
     model = vlkit.build_model("uniter", preset="tiny")
     out = model(model.example_batch(batch_size=2))
+
+The extension API (a new family in its own package, found through the ``vlkit.plugins`` entry point):
+`register_model` with `VLModel` / `ModelConfig`, `register_head` with the head bases (`Head`,
+`JointClassifier`, `PairClassifier`, `RegionScorer`, `RankHead`), `register_objective` with
+`Objective`, and the shared layers (`BertLayer`, `Pooler`, `run_single_stream`, `init_bert_weights` ...).
+Names other than the registries and the contracts load on first use, so ``import vlkit`` stays light.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from vlkit.registry import DATASETS, ENCODERS, MODELS, OBJECTIVES, TASKS, Registry, UnknownNameError
+from vlkit.registry import (DATASETS, ENCODERS, HEADS, MODELS, OBJECTIVES, TASKS, Registry, UnknownNameError,
+                            register_dataset, register_encoder, register_head, register_model, register_objective,
+                            register_task)
 from vlkit.types import Encoded, LossOutput, VLBatch, VLOutput
 
 __version__ = "0.1.0"
 
+# public name -> module that defines it (imported on first access)
+_LAZY = {
+    **dict.fromkeys(("VLModel", "ModelConfig", "BertStreamConfig"), "vlkit.models.base"),
+    **dict.fromkeys(("Head", "JointClassifier", "PairClassifier", "RegionScorer", "RankHead", "mlp_classifier",
+                     "init_linear"), "vlkit.models.heads"),
+    **dict.fromkeys(("BertLayer", "BertCrossLayer", "BertAttention", "BertSelfAttention", "BertOutput",
+                     "BertIntermediate", "Pooler", "additive_mask", "attend", "bert_layers", "run_layers",
+                     "run_single_stream", "init_bert_weights", "extend_embedding", "activation", "MASK_VALUE"),
+                    "vlkit.models.layers"),
+    **dict.fromkeys(("BertTextEmbeddings", "box_locations", "interpolate_pos_embed"), "vlkit.models.embeddings"),
+    **dict.fromkeys(("Objective", "PassContext", "IncompatibleObjective", "PredictionHeadTransform"),
+                    "vlkit.objectives.base"),
+    **dict.fromkeys(("Task", "TaskData", "IncompatibleTask"), "vlkit.tasks.base"),
+}
 
-def list_models() -> list[str]:
-    """Names of the registered model families (built-ins plus plugins)."""
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'vlkit' has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)
+
+
+def list_models(presets: bool = False) -> list[str]:
+    """Names of the registered model families (built-ins plus plugins); with ``presets=True`` every
+    preset as ``<family>/<preset>`` (``uniter/base``, ``uniter/tiny`` ...)."""
+    if presets:
+        from vlkit.models.base import list_presets
+
+        return list_presets()
     return MODELS.names()
 
 
@@ -44,11 +79,12 @@ def build_objective(name: str, model, **cfg: Any):
     return _build(name, model, **cfg)
 
 
-def build_pretraining(model, mix: Any):
-    """The pre-training module (heads + objective mix) for ``model``; ``mix`` is a preset name or a dict."""
+def build_pretraining(model, mix: Any = None):
+    """The pre-training module (heads + objective mix) for ``model``; ``mix`` is a preset name, a YAML
+    path or a dict (None: the family's own mix, its ``default_mix``)."""
     from vlkit.objectives.mix import build_pretraining as _build
 
-    return _build(model, mix)
+    return _build(model, type(model).default_mix if mix is None else mix)
 
 
 def list_tasks() -> list[str]:
@@ -56,14 +92,16 @@ def list_tasks() -> list[str]:
 
 
 def build_task(name: str, model, **cfg: Any):
+    """A downstream task with the family's head for it (or the generic one): ``build_task("vqa", model, num_answers=3129)``."""
     from vlkit.tasks import build_task as _build
 
     return _build(name, model, **cfg)
 
 
 __all__ = [
-    "DATASETS", "ENCODERS", "MODELS", "OBJECTIVES", "TASKS", "Registry", "UnknownNameError",
+    "DATASETS", "ENCODERS", "HEADS", "MODELS", "OBJECTIVES", "TASKS", "Registry", "UnknownNameError",
+    "register_dataset", "register_encoder", "register_head", "register_model", "register_objective", "register_task",
     "Encoded", "LossOutput", "VLBatch", "VLOutput",
     "list_models", "build_model", "from_pretrained", "list_objectives", "build_objective",
-    "build_pretraining", "list_tasks", "build_task",
+    "build_pretraining", "list_tasks", "build_task", *_LAZY,
 ]

@@ -1,16 +1,22 @@
 """The ``vlkit`` console script: ``vlkit <command> [key=value ...]``.
 
-Each command is a Hydra app over ``vlkit/conf/<command>.yaml``: the overrides are Hydra overrides
-(``model=uniter``, ``trainer.max_steps=100``, ``+extra=1``). Command modules are imported lazily so
-that ``vlkit --help`` stays fast.
+Each command is a Hydra app over ``conf/<command>.yaml``: the overrides are Hydra overrides
+(``model=uniter``, ``trainer.max_steps=100``, ``+extra=1``); a config group also takes a path to a YAML
+file of its format (``compare=my_runs.yaml``, ``objectives=my_mix.yaml``). Command modules are imported
+lazily so that ``vlkit --help`` stays fast.
 """
 from __future__ import annotations
 
 import importlib
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
-CONF_DIR = Path(__file__).resolve().parent / "conf"
+
+from vlkit.io import config_dir
+
+CONF_DIR = config_dir()
 
 # command -> (module:function, one-line help)
 COMMANDS = {
@@ -24,6 +30,22 @@ COMMANDS = {
 }
 
 
+def _file_options(overrides: list[str], search_dir: Path) -> list[str]:
+    """Turn ``group=<path.yaml>`` overrides into options of a search path: each file is copied to
+    ``search_dir/<group>/`` under a name no shipped option has, and the override names it."""
+    out = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        path = Path(value)
+        if sep and key.isidentifier() and path.suffix in (".yaml", ".yml") and path.is_file():
+            option = f"file_{len(out)}_{path.stem}"
+            (search_dir / key).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, search_dir / key / f"{option}.yaml")
+            override = f"{key}={option}"
+        out.append(override)
+    return out
+
+
 def compose(command: str, overrides: list[str] | None = None):
     """The composed config of ``command`` with Hydra ``overrides`` (also handy in tests)."""
     from hydra import compose as hydra_compose, initialize_config_dir
@@ -33,8 +55,12 @@ def compose(command: str, overrides: list[str] | None = None):
 
     register_hydra_configs()
     register_trainer_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=f"vlkit-{command}"):
-        return hydra_compose(config_name=command, overrides=list(overrides or []))
+    with tempfile.TemporaryDirectory(prefix="vlkit-conf-") as search_dir:
+        overrides = _file_options(list(overrides or []), Path(search_dir))
+        if any(Path(search_dir).iterdir()):
+            overrides.append(f"hydra.searchpath=[file://{search_dir}]")
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=f"vlkit-{command}"):
+            return hydra_compose(config_name=command, overrides=overrides)
 
 
 def _usage() -> str:

@@ -1,4 +1,4 @@
-"""Small I/O helpers shared across vlkit: atomic writes and a restricted unpickler.
+"""Small I/O helpers shared across vlkit: atomic writes, file digests and a restricted unpickler.
 
 Never unpickle untrusted files with `pickle.load`: `safe_pickle_load` only admits builtin
 containers / scalars and numpy arrays, and refuses any other class with an error naming the file.
@@ -6,6 +6,7 @@ containers / scalars and numpy arrays, and refuses any other class with an error
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import pickle
@@ -92,3 +93,22 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The hex sha256 of a file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def config_dir() -> Path:
+    """vlkit's Hydra configs (``conf/``): ``vlkit/conf`` inside an installed wheel, ``conf/`` at the
+    repository root in a source checkout (editable installs included)."""
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "conf", package.parent / "conf"):
+        if (candidate / "pretrain.yaml").is_file():
+            return candidate
+    raise FileNotFoundError(f"vlkit's configs are missing (looked in {package / 'conf'} and {package.parent / 'conf'})")

@@ -94,7 +94,8 @@ def test_every_shipped_comparison_builds_its_runs(preset):
 def test_confidence_intervals_and_significance_marks():
     import math
 
-    from vlkit.compare import _cell, mean_ci, paired_p_value
+    from vlkit.compare import mean_ci, paired_p_value
+    from vlkit.compare.report import _cell
 
     mean, ci = mean_ci([0.40, 0.44, 0.48])
     assert mean == pytest.approx(0.44) and ci == pytest.approx(4.302653 * 0.04 / math.sqrt(3), rel=1e-5)

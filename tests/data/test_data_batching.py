@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from vlkit.data.batching import FixedSizeBatchSampler, TokenBucketSampler, batch_units, padding_fraction
+from vlkit.data.batching import FixedSizeBatchSampler, TokenBucketSampler, padded_units, padding_fraction
 
 
 def _spread_lengths(n=600, seed=0):
@@ -24,7 +24,7 @@ def test_every_example_once_and_within_budget():
         sampler.set_epoch(epoch)
         batches = list(sampler)
         assert sorted(_flat(batches)) == list(range(len(lengths)))
-        assert max(batch_units(b, lengths) for b in batches) <= 2000
+        assert max(padded_units(b, lengths) for b in batches) <= 2000
         assert len(sampler) == len(batches)
         sizes = [len(b) for b in batches]
         assert sum(s % 8 == 0 for s in sizes) >= len(sizes) - len(lengths) // 128 - 1  # all but bucket tails
@@ -32,8 +32,8 @@ def test_every_example_once_and_within_budget():
 
 def test_units_count_each_padded_part():
     lengths = [(10, 1), (1, 10)]
-    assert batch_units([0, 1], lengths) == 2 * (10 + 10)  # text and regions are padded separately
-    assert batch_units([0, 1], [11, 11]) == 22
+    assert padded_units([0, 1], lengths) == 2 * (10 + 10)  # text and regions are padded separately
+    assert padded_units([0, 1], [11, 11]) == 22
     assert padding_fraction([[0, 1]], lengths) == pytest.approx(1 - 22 / 40)
     assert padding_fraction([[0], [1]], lengths) == 0.0
 
@@ -72,7 +72,7 @@ def test_rank_shards_disjoint_equal_and_complete():
         flat = [_flat(s) for s in shards]
         assert sorted(sum(flat, [])) == list(range(len(lengths)))  # disjoint and complete
         for s in shards:
-            assert all(batch_units(b, lengths) <= 1200 for b in s)
+            assert all(padded_units(b, lengths) <= 1200 for b in s)
 
 
 def test_unsorted_order_and_drop_last():
@@ -86,7 +86,7 @@ def test_unsorted_order_and_drop_last():
 def test_tight_budget_and_errors():
     lengths = [30, 30, 30, 5]
     batches = list(TokenBucketSampler(lengths, max_units=60, shuffle=False))
-    assert sorted(_flat(batches)) == [0, 1, 2, 3] and all(batch_units(b, lengths) <= 60 for b in batches)
+    assert sorted(_flat(batches)) == [0, 1, 2, 3] and all(padded_units(b, lengths) <= 60 for b in batches)
     with pytest.raises(ValueError, match="example 1 has 70 input units, more than max_units=60"):
         TokenBucketSampler([10, 70], max_units=60)
     with pytest.raises(ValueError, match="cannot be shared by 4 ranks"):
@@ -123,4 +123,4 @@ def test_property_cover_once_within_budget(lengths, max_units, bucket, mult, wor
               for r in range(world)]
     assert sorted(sum((_flat(s) for s in shards), [])) == list(range(len(lengths)))
     assert len({len(s) for s in shards}) == 1
-    assert all(batch_units(b, lengths) <= max_units and b for s in shards for b in s)
+    assert all(padded_units(b, lengths) <= max_units and b for s in shards for b in s)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from vlkit.cli import main as cli
-from vlkit.features.store import FeatureStore, import_features
+from vlkit.features.importers import import_features
+from vlkit.features.store import FeatureStore
 from vlkit.io import UnsafePickleError
 
 

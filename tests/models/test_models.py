@@ -185,29 +185,30 @@ def test_build_model_errors_and_overrides():
     assert len(model.encoder.layer) == 1
 
 
-def test_build_model_from_yaml_config():
-    from omegaconf import OmegaConf
+def test_build_model_from_a_command_config_node():
+    from vlkit.cli import compose
 
-    node = OmegaConf.load(_conf("model/uniter.yaml"))
-    node.num_hidden_layers = 3
+    node = compose("pretrain", ["model=uniter", "model.num_hidden_layers=3"]).model
     model = vlkit.build_model(node)
     assert model.config.preset == "tiny" and len(model.encoder.layer) == 3
     assert vlkit.build_model(node, preset="base").config.hidden_size == 768
 
 
-def _conf(rel):
-    from vlkit.cli import CONF_DIR
-
-    return CONF_DIR / rel
+def test_build_model_refuses_another_preset_for_a_resolved_config():
+    config = vlkit.MODELS.get("uniter").config_class.from_preset("tiny", num_hidden_layers=2)
+    assert len(vlkit.build_model(config, preset="tiny").encoder.layer) == 2  # its own preset: fine
+    with pytest.raises(ValueError, match="preset 'tiny', not preset='base'"):
+        vlkit.build_model(config, preset="base")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_yaml_mirrors_the_config_dataclass(family):
-    from omegaconf import OmegaConf
+def test_hydra_node_is_derived_from_the_config_dataclass(family):
+    from vlkit.models.base import hydra_node
 
-    node = OmegaConf.load(_conf(f"model/{family}.yaml"))
+    node = hydra_node(family)
     fields = {f.name for f in dataclasses.fields(vlkit.MODELS.get(family).config_class)}
-    assert set(node.keys()) == fields | {"name"}
+    assert set(node) == fields | {"name"} and node["preset"] == "tiny"
+    assert all(v is None for k, v in node.items() if k not in ("name", "preset"))
 
 
 def test_presets_are_in_hydra_config_store():
@@ -217,7 +218,15 @@ def test_presets_are_in_hydra_config_store():
 
     register_hydra_configs()
     repo = ConfigStore.instance().repo["model"]
-    for name in ("vilbert_base.yaml", "uniter_large.yaml", "meter_clip16-roberta.yaml", "meter_tiny.yaml"):
+    for name in ("uniter.yaml", "vilbert_base.yaml", "uniter_large.yaml", "meter_clip16-roberta.yaml", "meter_tiny.yaml"):
         assert name in repo
     node = repo["uniter_base.yaml"].node
-    assert node.name == "uniter" and node.hidden_size == 768 and node.vocab_size == 28996
+    assert node.name == "uniter" and node.preset == "base" and node.hidden_size is None
+    model_cfg = vlkit.MODELS.get("uniter").config_class.from_preset(node.preset)
+    assert model_cfg.hidden_size == 768 and model_cfg.vocab_size == 28996
+
+
+def test_list_models_with_presets():
+    listed = vlkit.list_models(presets=True)
+    assert {"uniter/base", "uniter/tiny", "vilbert/large", "meter/clip16-roberta"} <= set(listed)
+    assert listed == [f"{f}/{p}" for f in vlkit.list_models() for p in vlkit.MODELS.get(f).config_class.presets]

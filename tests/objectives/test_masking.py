@@ -3,8 +3,6 @@ import torch
 
 from vlkit.objectives.masking import (
     IGNORE_INDEX,
-    conditional_split,
-    mask_batch,
     mask_patches,
     mask_regions,
     mask_tokens,
@@ -205,34 +203,3 @@ def test_patches_row_major_and_counts():
     assert (masked.sum(1) == 2).all()
     with pytest.raises(ValueError, match="multiple of patch_size"):
         mask_patches(torch.zeros(1, 3, 10, 8), 4, generator=_gen(0))
-
-
-def test_conditional_never_masks_both_joint_does():
-    batch = _batch(batch=64)
-    split = conditional_split(1000, _gen(0))
-    assert 400 < int(split.sum()) < 600
-    out = mask_batch(batch, generator=_gen(1), policy="conditional", text=TEXT, regions={"prob": 0.3})
-    text_masked = (out.mlm_labels != IGNORE_INDEX).any(1)
-    region_masked = out.region_masked.any(1)
-    assert not (text_masked & region_masked).any()
-    assert torch.equal(text_masked, out.text_rows) and torch.equal(region_masked, out.region_rows)
-    assert torch.equal(out.text_rows, ~out.region_rows)
-    out = mask_batch(batch, generator=_gen(1), policy="joint", text=TEXT, regions={"prob": 0.3})
-    assert ((out.mlm_labels != IGNORE_INDEX).any(1) & out.region_masked.any(1)).all()
-    out = mask_batch(batch, generator=_gen(1), policy="text", text=TEXT)
-    assert (out.mlm_labels != IGNORE_INDEX).any(1).all() and not out.region_masked.any()
-    assert torch.equal(out.batch.region_feats, batch.region_feats)
-    out = mask_batch(batch, generator=_gen(1), policy="regions", text=TEXT)
-    assert (out.mlm_labels == IGNORE_INDEX).all() and torch.equal(out.batch.input_ids, batch.input_ids)
-    text_only = VLBatch(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-    with pytest.raises(ValueError, match="has none"):
-        mask_batch(text_only, generator=_gen(1), policy="joint", text=TEXT)
-    assert mask_batch(text_only, generator=_gen(1), policy="text", text=TEXT).region_masked is None
-
-
-def test_mask_batch_deterministic():
-    batch = _batch()
-    a = mask_batch(batch, generator=_gen(7), text=TEXT)
-    b = mask_batch(batch, generator=_gen(7), text=TEXT)
-    assert torch.equal(a.batch.input_ids, b.batch.input_ids) and torch.equal(a.region_masked, b.region_masked)
-    assert torch.equal(a.batch.region_feats, b.batch.region_feats)

@@ -321,7 +321,7 @@ def test_errors(world, tok, build_tiny):
 def test_config_keys_are_read(tok, world):
     cfg = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "task" / "retrieval.yaml"))
     task = Retrieval(vlkit.build_model("uniter", preset="tiny"), **cfg["options"])
-    assert task.recipe == "uniter" and task.eval_mode == "cached"
+    assert task.recipe == "hard_negatives" and task.eval_mode == "cached"  # the recipe UNITER's head names
     data = Retrieval.build_data(cfg, tok, SceneRegions(world), world)
     assert data.eval["val"].num_images == 20
 

@@ -192,7 +192,8 @@ def test_heads_have_the_official_names_and_layouts():
         std[family] = task
         j = model.joint_size
         head = task.head
-        assert task.head_name == VQATask.head_names[family] and f"{task.head_name}.0.weight" in task.state_dict()
+        official = {"vilbert": "vil_prediction", "uniter": "vqa_output", "meter": "vqa_classifier"}[family]
+        assert task.head_name == official and f"{task.head_name}.0.weight" in task.state_dict()
         assert head[-1].weight.shape == (7, head[0].out_features)
         if family == "meter":  # Linear(J, J), LayerNorm(1e-5), GELU, Linear
             assert head[0].weight.shape == (j, j) and isinstance(head[1], nn.LayerNorm) and head[1].eps == 1e-5
@@ -214,7 +215,7 @@ def test_vilbert_task_tokens_get_the_official_task_id(shapes_data):
     batch = first_batch(data.train)
     with pytest.raises(ValueError, match="task_ids"):
         model(batch)
-    assert task.task_id == 1
+    assert model.task_inputs("vqa", batch)["task_ids"].tolist() == [1] * batch.batch_size  # vilbert_tasks.yml TASK1
     logits = task.logits(batch)
     other = VQATask(model, **data.options, task_id=5).eval()
     other.load_state_dict(task.state_dict())

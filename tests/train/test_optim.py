@@ -35,7 +35,7 @@ def _by_param(groups) -> dict[int, dict]:
 
 def test_tiers_multipliers_and_no_decay():
     module = ToyModule()
-    groups = param_groups(module, lr=1e-4, weight_decay=0.01, lr_mult=5.0, lr_mult_head=10.0, no_decay="uniter")
+    groups = param_groups(module, lr=1e-4, weight_decay=0.01, lr_mult=5.0, lr_mult_head=10.0, no_decay="bert")
     where = _by_param(groups)
     m = module.model
     expect = {
@@ -62,9 +62,9 @@ def test_norms_rule_uses_module_types():
     names = no_decay_names(module, "norms")
     assert "model.cross.ln.weight" in names and "model.cross.LayerNorm.weight" in names
     assert "model.cross.dense.bias" in names and "model.cross.dense.weight" not in names
-    assert "model.cross.ln.weight" not in no_decay_names(module, "uniter")
+    assert "model.cross.ln.weight" not in no_decay_names(module, "bert")
     with pytest.raises(ValueError, match="unknown no_decay rule"):
-        no_decay_names(module, "bert")
+        no_decay_names(module, "uniter")  # rules are named by what they match, not by family
 
 
 def test_meter_groups_on_the_real_model():
@@ -73,7 +73,7 @@ def test_meter_groups_on_the_real_model():
     model = vlkit.build_model("meter", preset="tiny")
     module = nn.Module()
     module.model, module.mlm_score = model, nn.Linear(8, 8)
-    groups = param_groups(module, lr=1e-5, weight_decay=0.01, lr_mult=5.0, no_decay="meter")
+    groups = param_groups(module, lr=1e-5, weight_decay=0.01, lr_mult=5.0, no_decay="bert_timm")
     by_name = {n: _by_param(groups)[id(p)] for n, p in module.named_parameters()}
     for name, g in by_name.items():
         tower = name.startswith(("model.text_transformer.", "model.vit_model."))
@@ -82,7 +82,7 @@ def test_meter_groups_on_the_real_model():
     assert by_name["model.vit_model.blocks.0.norm1.weight"]["weight_decay"] == 0.0
     assert by_name["model.vit_model.norm_pre.weight"]["weight_decay"] == 0.01  # not in METER's name list
     assert by_name["mlm_score.weight"]["name"] == "head/decay"
-    opt = build_optimizer(module, lr=1e-5, betas=(0.9, 0.98), eps=1e-8, lr_mult=5.0, no_decay="meter")
+    opt = build_optimizer(module, lr=1e-5, betas=(0.9, 0.98), eps=1e-8, lr_mult=5.0, no_decay="bert_timm")
     assert opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["eps"] == 1e-8
 
 

@@ -163,7 +163,7 @@ def test_hydra_presets_and_top_level_resume(tmp_path):
         meter = trainer_config(compose("run", ["trainer=meter", "trainer.max_steps=50", "resume=true"]))
     assert default == TrainerConfig()
     assert (meter.lr, meter.lr_mult, meter.lr_mult_head, meter.schedule, meter.no_decay) == \
-        (1e-5, 5.0, 5.0, "polynomial", "meter")
+        (1e-5, 5.0, 5.0, "polynomial", "bert_timm")
     assert meter.max_steps == 50 and meter.resume is True
     uniter = TrainerConfig.from_preset("uniter")
     assert (uniter.eps, uniter.grad_clip, uniter.warmup, uniter.schedule_offset) == (1e-6, 5.0, 10000, 1)

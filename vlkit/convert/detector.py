@@ -1,6 +1,6 @@
 """Load released bottom-up-attention checkpoints into ``vlkit.features.detector.BottomUpDetector``.
 
-Two public formats (official-code.md §4.2-4.3):
+Two public formats:
 
 * ``d2`` - airsplay/py-bottom-up-attention ``faster_rcnn_from_caffe_attr.pkl``: a pickled dict of numpy
   arrays (read with the restricted unpickler; no class is ever instantiated). detectron2 order: the

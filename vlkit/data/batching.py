@@ -28,7 +28,7 @@ def _as_array(lengths: Lengths) -> np.ndarray:
     return arr
 
 
-def batch_units(batch: Sequence[int], lengths: Lengths | np.ndarray) -> int:
+def padded_units(batch: Sequence[int], lengths: Lengths | np.ndarray) -> int:
     """Units of ``batch`` counted with padding: ``len(batch) * sum(max length of each part)``."""
     arr = lengths if isinstance(lengths, np.ndarray) and lengths.ndim == 2 else _as_array(lengths)
     return int(len(batch) * arr[list(batch)].max(0).sum()) if len(batch) else 0
@@ -37,7 +37,7 @@ def batch_units(batch: Sequence[int], lengths: Lengths | np.ndarray) -> int:
 def padding_fraction(batches: Sequence[Sequence[int]], lengths: Lengths) -> float:
     """Fraction of the padded units of ``batches`` that are padding."""
     arr = _as_array(lengths)
-    padded = sum(batch_units(b, arr) for b in batches)
+    padded = sum(padded_units(b, arr) for b in batches)
     real = sum(int(arr[list(b)].sum()) for b in batches)
     return 1.0 - real / padded if padded else 0.0
 
@@ -131,7 +131,7 @@ class TokenBucketSampler(_EpochBatchSampler):
         self.bucket_size = int(bucket_size)
 
     def _units(self, batch: list[int]) -> int:
-        return batch_units(batch, self.lengths)
+        return padded_units(batch, self.lengths)
 
     def _fill(self, bucket: np.ndarray) -> list[list[int]]:
         """Batches of one length-sorted bucket."""

@@ -125,14 +125,10 @@ class PixelSource:
 
 def build_transform(size: int | None = None, mean: Sequence[float] | None = None,
                     std: Sequence[float] | None = None) -> Callable[[Any], Tensor]:
-    """PIL -> float tensor: optional square resize (bicubic), then [0, 1] scaling, then optional normalisation."""
-    from torchvision import transforms as T
+    """`vlkit.features.patches.pixel_transform` with explicit normalisation values (None: pixels in [0, 1])."""
+    from vlkit.features.patches import pixel_transform
 
-    steps = [T.Resize((size, size), interpolation=T.InterpolationMode.BICUBIC)] if size else []
-    steps.append(T.ToTensor())
-    if mean is not None:
-        steps.append(T.Normalize(list(mean), list(std)))
-    return T.Compose(steps)
+    return pixel_transform("none", size, mean=mean, std=std)
 
 
 # --------------------------------------------------------------------------------------------
@@ -320,6 +316,9 @@ class CachedSource:
 
 def build_image_source(cfg: Mapping[str, Any], world: Any = None):
     """An image source from the ``image`` block of a data config (see ``conf/data/*.yaml``)."""
+    if cfg.get("cache") and cfg.get("randaug"):
+        raise ValueError("data.image.cache=true keeps the first augmented copy of every image: set "
+                         "data.image.cache=false to train with data.image.randaug=true")
     source = _image_source(cfg, world)
     return CachedSource(source) if cfg.get("cache") else source
 
@@ -331,15 +330,20 @@ def _image_source(cfg: Mapping[str, Any], world: Any = None):
             raise ValueError("data.image.path must name a feature store (.h5) when data.image.source=features")
         return RegionSource(cfg["path"], num_bb=cfg.get("num_bb"), conf_th=cfg.get("conf_th", 0.2),
                             max_bb=cfg.get("max_bb", 100), min_bb=cfg.get("min_bb", 10))
-    transform = build_transform(cfg.get("size"), cfg.get("mean"), cfg.get("std"))
+    from vlkit.features.patches import pixel_transform
+
+    if "mean" in cfg or "std" in cfg:
+        raise ValueError("data.image.mean / data.image.std are no longer read: name the normalisation with "
+                         "data.image.transform (clip | imagenet | vit | none)")
+    transform = pixel_transform(cfg.get("transform") or "none", cfg.get("size"), bool(cfg.get("randaug", False)))
     if kind == "folder":
         if not cfg.get("path"):
             raise ValueError("data.image.path must name an image folder when data.image.source=folder")
-        return PixelSource(FolderImages(cfg["path"]), transform, cfg.get("patch_size", 16))
+        return PixelSource(FolderImages(cfg["path"]), transform, cfg.get("patch_size") or 16)
     if kind == "shapes":
         if world is None:
             raise ValueError("data.image.source=shapes only works with data=shapes")
-        return PixelSource(world.load_image, transform, cfg.get("patch_size", 16))
+        return PixelSource(world.load_image, transform, cfg.get("patch_size") or 16)
     raise ValueError(f"unknown data.image.source {kind!r}; use features, folder or shapes")
 
 

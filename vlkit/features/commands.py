@@ -1,4 +1,4 @@
-"""Entry points of ``vlkit extract-features`` and ``vlkit import-features`` (config: ``vlkit/conf``)."""
+"""Entry points of ``vlkit extract-features`` and ``vlkit import-features`` (config: ``conf/``)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -37,7 +37,7 @@ def extract_features(cfg: DictConfig) -> int:
 
 
 def import_features(cfg: DictConfig) -> int:
-    from vlkit.features.store import import_features as run
+    from vlkit.features.importers import import_features as run
 
     out = run(cfg.src, cfg.format, cfg.out, resume=cfg.resume, dtype=cfg.dtype, image_sizes=cfg.image_sizes, progress=cfg.progress)
     _summary(out)

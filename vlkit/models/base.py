@@ -69,13 +69,34 @@ class BertStreamConfig(ModelConfig):
 
 
 class VLModel(nn.Module, metaclass=abc.ABCMeta):
-    """Base class of the families: ``forward(batch) == fuse(encode_text(batch), encode_image(batch))``."""
+    """Base class of the families: ``forward(batch) == fuse(encode_text(batch), encode_image(batch))``.
+
+    The contract the rest of vlkit reads (and a new family declares):
+
+    - ``family`` (its registry name), ``config_class`` (a `ModelConfig` dataclass with presets);
+    - ``image_input``: ``"regions"`` (detector features) or ``"pixels"``; a pixel family's config has
+      ``image_size`` and ``patch_size`` (read through the properties of the same names);
+    - ``vocab_size``, ``text_hidden_size``, ``image_hidden_size``, ``joint_size`` and
+      ``get_input_embeddings()`` (the MLM decoder ties to it when ``mlm_tied``);
+    - ``image_types``: ``encode_image(batch, image_type_id=k)`` selects the image token type, and
+      `extend_image_types` adds the type a second image takes (NLVR2);
+    - ``task_inputs``: extra forward keywords a downstream task passes (ViLBERT's task tokens);
+    - the family's recipes: ``default_mix`` (its pre-training objective mix: a preset name of
+      ``conf/objectives``, a YAML path or a mapping), ``objective_defaults`` (objective name -> option
+      defaults, as its official code sets them), ``trainer_preset`` (`TrainerConfig` fields of its
+      official optimisation, ``trainer=<family>``); its task heads are registered with
+      `vlkit.register_head`.
+    """
 
     family: ClassVar[str] = ""
     config_class: ClassVar[type[ModelConfig]] = ModelConfig
     image_input: ClassVar[str] = "regions"  # or "pixels"
+    image_types: ClassVar[bool] = False  # encode_image takes image_type_id
     mlm_tied: ClassVar[bool] = True  # the official MLM decoder is tied to the word embeddings
     encoder_prefixes: ClassVar[tuple[str, ...]] = ()  # pre-trained unimodal towers (METER's lower lr)
+    default_mix: ClassVar[Any] = None
+    objective_defaults: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    trainer_preset: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -117,6 +138,31 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
     def vocab_size(self) -> int:
         return self.get_input_embeddings().num_embeddings
 
+    @property
+    def image_size(self) -> int | None:
+        """Input image side in pixels (pixel families; None for region families)."""
+        return self._pixel_field("image_size")
+
+    @property
+    def patch_size(self) -> int | None:
+        """Pixels per image-token side (pixel families; None for region families)."""
+        return self._pixel_field("patch_size")
+
+    def _pixel_field(self, name: str) -> int | None:
+        if self.image_input != "pixels":
+            return None
+        if not hasattr(self.config, name):
+            raise TypeError(f"{self.family} takes pixels: its config must have an {name!r} field")
+        return getattr(self.config, name)
+
+    def extend_image_types(self, count: int) -> None:
+        """Grow the image token types to ``count`` (the new ones copy type 1) and record it in the config."""
+        raise TypeError(f"{self.family} has no image token types")
+
+    def task_inputs(self, task: str, batch: VLBatch, task_id: int | None = None) -> dict[str, Any]:
+        """Extra forward keywords for downstream ``task`` (none by default)."""
+        return {}
+
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embeddings.word_embeddings
 
@@ -153,7 +199,7 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
                 region_soft_labels=torch.softmax(torch.randn(batch_size, k, c, generator=g), dim=-1),
             )
         else:
-            size = self.config.image_size
+            size = self.image_size
             fields["pixel_values"] = torch.randn(batch_size, 3, size, size, generator=g)
         return VLBatch(**fields).to(self.device)
 
@@ -192,10 +238,14 @@ def split_model_config(cfg: Mapping) -> tuple[str, str | None, dict[str, Any]]:
 
 def build_model(name_or_cfg: Any, preset: str | None = None, **overrides: Any) -> VLModel:
     """``build_model("uniter", preset="tiny", num_hidden_layers=4)``, ``build_model(cfg_mapping)``
-    (a ``{name, preset, <field>: value}`` mapping such as ``conf/model/*.yaml``) or
-    ``build_model(config_dataclass)``."""
+    (a ``{name, preset, <field>: value}`` mapping such as the ``model`` node of a command config; the
+    arguments override its values) or ``build_model(config_dataclass)`` (a resolved config: ``preset=``
+    must be its own, field arguments replace its values)."""
     if isinstance(name_or_cfg, ModelConfig):
-        if preset or overrides:
+        if preset is not None and preset != name_or_cfg.preset:
+            raise ValueError(f"build_model: the {name_or_cfg.family} config is preset {name_or_cfg.preset!r}, not "
+                             f"preset={preset!r}; build from the family name to choose a preset")
+        if overrides:
             name_or_cfg = dataclasses.replace(name_or_cfg, **overrides)
         return MODELS.get(name_or_cfg.family)(name_or_cfg)
     if isinstance(name_or_cfg, Mapping) or hasattr(name_or_cfg, "keys"):
@@ -203,6 +253,11 @@ def build_model(name_or_cfg: Any, preset: str | None = None, **overrides: Any) -
         return build_model(name, preset or cfg_preset, **{**cfg_overrides, **overrides})
     cls = MODELS.get(name_or_cfg)
     return cls(cls.config_class.from_preset(preset, **overrides))
+
+
+def list_presets() -> list[str]:
+    """Every preset of every registered family as ``<family>/<preset>``."""
+    return [f"{name}/{preset}" for name in MODELS.names() for preset in MODELS.get(name).config_class.presets]
 
 
 def from_pretrained(directory: str | Path, map_location: str | torch.device = "cpu") -> VLModel:
@@ -233,14 +288,28 @@ def from_pretrained(directory: str | Path, map_location: str | torch.device = "c
     return model
 
 
+def command_preset(config_class: type[ModelConfig]) -> str:
+    """The preset the commands build unless ``model.preset=`` says otherwise: ``tiny`` when the family has
+    one (commands default to CPU-sized models), else its default preset."""
+    return "tiny" if "tiny" in config_class.presets else config_class.default_preset
+
+
+def hydra_node(name: str, preset: str | None = None) -> dict[str, Any]:
+    """A family's ``model`` config node, derived from its config dataclass: ``name``, ``preset`` and every
+    field as null (null takes the preset's value; set one to override it: ``model.<field>=...``)."""
+    config_class = MODELS.get(name).config_class
+    fields = [f.name for f in dataclasses.fields(config_class) if f.name != "preset"]
+    return {"name": name, "preset": preset or command_preset(config_class), **dict.fromkeys(fields)}
+
+
 def register_hydra_configs() -> None:
-    """Store every family preset, fully resolved, in Hydra's ConfigStore as ``model/<family>_<preset>``
-    (``model=uniter_base`` then picks it; ``conf/model/<family>.yaml`` is the override-friendly mirror)."""
+    """Store every registered family (plugins included) in Hydra's ConfigStore: ``model/<family>``
+    (``model=uniter``) and ``model/<family>_<preset>`` (``model=uniter_base``), both derived from the
+    family's config dataclass (`hydra_node`)."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
     for name in MODELS.names():
-        config_class = MODELS.get(name).config_class
-        for preset in config_class.presets:
-            store.store(group="model", name=f"{name}_{preset}",
-                        node={"name": name, **config_class.from_preset(preset).to_dict()})
+        store.store(group="model", name=name, node=hydra_node(name))
+        for preset in MODELS.get(name).config_class.presets:
+            store.store(group="model", name=f"{name}_{preset}", node=hydra_node(name, preset))

@@ -1,8 +1,12 @@
-"""Adapters to the unimodal towers METER builds on: any `transformers` text encoder (RoBERTa, BERT,
-MiniLM ...) and timm vision towers (CLIP-layout ViT, Swin). Heavy libraries are imported lazily.
+"""Adapters to pre-trained unimodal towers: any `transformers` text encoder (RoBERTa, BERT, MiniLM ...)
+and timm vision towers (CLIP-layout ViT, Swin). Heavy libraries are imported lazily.
 
-Weights load from a local ``from_pretrained`` directory (text) or a local checkpoint file (vision):
-nothing is downloaded at run time.
+`vlkit.ENCODERS` maps a name to a builder ``(config) -> nn.Module`` that reads a model config's
+``text_*`` fields (``hf_text``: ``text_encoder``, ``text_pretrained``, ``text_config``) or ``vision_*``
+fields (``clip``, ``swin``: ``vision_width``, ``vision_layers``, ``vision_heads``, ``vision_model``,
+``vision_kwargs``, ``vision_pretrained``, ``patch_size``, ``image_size``); METER picks its vision
+tower by ``vision_encoder``. Weights load from a local ``from_pretrained`` directory (text) or a local
+checkpoint file (vision): nothing is downloaded at run time.
 """
 from __future__ import annotations
 
@@ -42,7 +46,6 @@ def load_state_dict_file(path: str | Path) -> dict[str, Tensor]:
     return obj
 
 
-@register_encoder("hf_text")
 def build_text_encoder(model_type: str = "roberta", pretrained: str | None = None,
                        config: dict[str, Any] | None = None) -> nn.Module:
     """A `transformers` encoder without its pooler: ``from_pretrained(pretrained)`` when a local
@@ -57,7 +60,6 @@ def build_text_encoder(model_type: str = "roberta", pretrained: str | None = Non
     return AutoModel.from_config(hf_config, add_pooling_layer=False, attn_implementation="sdpa")
 
 
-@register_encoder("clip")
 def build_clip_vision(width: int = 768, layers: int = 11, heads: int = 12, patch_size: int = 16,
                       image_size: int = 224, pretrained: str | None = None) -> nn.Module:
     """CLIP's visual transformer in timm: pre-LN (``norm_pre`` = ``ln_pre``), QuickGELU, no patch
@@ -78,7 +80,6 @@ def build_clip_vision(width: int = 768, layers: int = 11, heads: int = 12, patch
     return model
 
 
-@register_encoder("swin")
 def build_swin(name: str = "swin_base_patch4_window12_384", image_size: int = 384, pretrained: str | None = None,
                **kwargs: Any) -> nn.Module:
     """A timm Swin transformer without head; ``forward_features`` gives the final-norm tokens."""
@@ -89,6 +90,25 @@ def build_swin(name: str = "swin_base_patch4_window12_384", image_size: int = 38
     if pretrained:
         model.load_state_dict(checkpoint_filter_fn(load_state_dict_file(pretrained), model), strict=True)
     return model
+
+
+@register_encoder("hf_text")
+def text_tower(c: Any) -> nn.Module:
+    return build_text_encoder(c.text_encoder, c.text_pretrained, c.text_config)
+
+
+@register_encoder("clip")
+def clip_tower(c: Any) -> nn.Module:
+    return build_clip_vision(c.vision_width, c.vision_layers, c.vision_heads, c.patch_size, c.image_size,
+                             c.vision_pretrained)
+
+
+@register_encoder("swin")
+def swin_tower(c: Any) -> nn.Module:
+    return build_swin(c.vision_model, c.image_size, c.vision_pretrained, **c.vision_kwargs)
+
+
+TEXT_ENCODERS = ("hf_text",)
 
 
 def vision_tokens(model: nn.Module, pixel_values: Tensor) -> Tensor:

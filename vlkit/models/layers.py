@@ -233,6 +233,20 @@ class Pooler(nn.Module):
         return self.activation(self.dense(states[:, 0]))
 
 
+def extend_embedding(table: nn.Embedding, rows: int, copy_row: int = 1) -> nn.Embedding:
+    """``table`` grown to ``rows`` rows, each new row a copy of row ``copy_row`` (UNITER's
+    ``init_type_embedding`` for NLVR2's second image type); ``table`` itself when it is big enough."""
+    if table.num_embeddings >= rows:
+        return table
+    if table.num_embeddings <= copy_row:
+        raise ValueError(f"an embedding table of {table.num_embeddings} row(s) has no row {copy_row} to copy")
+    new = nn.Embedding(rows, table.embedding_dim, device=table.weight.device, dtype=table.weight.dtype)
+    with torch.no_grad():
+        new.weight[:table.num_embeddings] = table.weight
+        new.weight[table.num_embeddings:] = table.weight[copy_row]
+    return new
+
+
 def init_bert_weights(module: nn.Module, std: float = 0.02) -> None:
     """The official initialisation: normal(0, std) weights, zero biases, LayerNorm (1, 0)."""
     if isinstance(module, (nn.Linear, nn.Embedding)):

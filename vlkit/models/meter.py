@@ -15,9 +15,11 @@ import torch
 from torch import nn
 
 from vlkit.models.base import ModelConfig, VLModel
-from vlkit.models.encoders import build_clip_vision, build_swin, build_text_encoder, vision_has_cls, vision_tokens
-from vlkit.models.layers import BertCrossLayer, BertLayer, Pooler, additive_mask, init_bert_weights, run_single_stream
-from vlkit.registry import register_model
+from vlkit.models.encoders import TEXT_ENCODERS, vision_has_cls, vision_tokens
+from vlkit.models.heads import JointClassifier, PairClassifier, RankHead, init_linear
+from vlkit.models.layers import (BertCrossLayer, BertLayer, Pooler, additive_mask, extend_embedding, init_bert_weights,
+                                 run_single_stream)
+from vlkit.registry import ENCODERS, register_head, register_model
 from vlkit.types import Encoded, VLBatch, VLOutput
 
 ROBERTA_BASE = dict(vocab_size=50265, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
@@ -57,7 +59,7 @@ class MeterConfig(ModelConfig):
     text_pretrained: str | None = None
     text_config: dict[str, Any] = field(default_factory=lambda: dict(ROBERTA_BASE))
     vocab_size: int | None = None
-    vision_encoder: str = "clip"  # clip | swin
+    vision_encoder: str = "clip"  # a registered vision encoder: clip | swin
     vision_pretrained: str | None = None
     vision_model: str = ""  # timm model name for swin
     vision_kwargs: dict[str, Any] = field(default_factory=dict)  # extra timm.create_model arguments (swin)
@@ -82,8 +84,9 @@ class MeterConfig(ModelConfig):
             self.text_config = {**self.text_config, "vocab_size": self.vocab_size}
         if self.fusion not in ("co_attention", "merged"):
             raise ValueError(f"fusion must be 'co_attention' or 'merged', not {self.fusion!r}")
-        if self.vision_encoder not in ("clip", "swin"):
-            raise ValueError(f"vision_encoder must be 'clip' or 'swin', not {self.vision_encoder!r}")
+        if self.vision_encoder in TEXT_ENCODERS or self.vision_encoder not in ENCODERS:
+            vision = [n for n in ENCODERS.names() if n not in TEXT_ENCODERS]
+            raise ValueError(f"vision_encoder must be one of {', '.join(vision)}, not {self.vision_encoder!r}")
 
     @property
     def pad_token_id(self) -> int:
@@ -98,18 +101,22 @@ class Meter(VLModel):
     family = "meter"
     config_class = MeterConfig
     image_input = "pixels"
+    image_types = True
     mlm_tied = False
     encoder_prefixes = ("text_transformer", "vit_model")
+    # task_mlm_itm_clip_bert: MLM + ITM in two forward passes, weight 1 each
+    default_mix = "meter"
+    objective_defaults = {"itm": {"negatives": "image", "split": "half", "match_index": 1, "dropout": 0.0}}
+    # meter/config.py task_mlm_itm_clip_bert, meter_utils.set_schedule (no gradient clipping)
+    trainer_preset = dict(max_steps=100000, lr=1e-5, lr_mult=5.0, lr_mult_head=5.0, betas=[0.9, 0.98], eps=1e-8,
+                          weight_decay=0.01, no_decay="bert_timm", warmup=0.1, schedule="polynomial", power=1.0,
+                          end_lr=0.0, schedule_offset=0, grad_clip=0.0, batching="fixed")
 
     def __init__(self, config: MeterConfig):
         super().__init__(config)
         c = config
-        self.text_transformer = build_text_encoder(c.text_encoder, c.text_pretrained, c.text_config)
-        if c.vision_encoder == "clip":
-            self.vit_model = build_clip_vision(c.vision_width, c.vision_layers, c.vision_heads, c.patch_size,
-                                               c.image_size, c.vision_pretrained)
-        else:
-            self.vit_model = build_swin(c.vision_model, c.image_size, c.vision_pretrained, **c.vision_kwargs)
+        self.text_transformer = ENCODERS.get("hf_text")(c)
+        self.vit_model = ENCODERS.get(c.vision_encoder)(c)
         text_width = self.text_transformer.config.hidden_size
         self.cross_modal_text_transform = nn.Linear(text_width, c.hidden_size)
         self.cross_modal_image_transform = nn.Linear(c.vision_width, c.hidden_size)
@@ -163,11 +170,15 @@ class Meter(VLModel):
         states = self.cross_modal_text_transform(states) + self.token_type_embeddings.weight[0]
         return Encoded(states, batch.attention_mask)
 
-    def encode_image(self, batch: VLBatch, image_token_type_idx: int = 1, **_: Any) -> Encoded:
+    def extend_image_types(self, count: int) -> None:
+        self.token_type_embeddings = extend_embedding(self.token_type_embeddings, count)
+        self.config.num_image_token_types = max(self.config.num_image_token_types, count)
+
+    def encode_image(self, batch: VLBatch, image_type_id: int = 1, **_: Any) -> Encoded:
         if not batch.has_pixels:
             raise ValueError("METER takes pixels: the batch has no pixel_values")
         states = self.cross_modal_image_transform(vision_tokens(self.vit_model, batch.pixel_values))
-        states = states + self.token_type_embeddings.weight[image_token_type_idx]
+        states = states + self.token_type_embeddings.weight[image_type_id]
         return Encoded(states, torch.ones(states.shape[:2], dtype=torch.long, device=states.device))
 
     def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False) -> VLOutput:
@@ -192,7 +203,42 @@ class Meter(VLModel):
                         text_pooled=text_pooled, image_pooled=image_pooled,
                         joint=torch.cat([text_pooled, image_pooled], dim=-1), image_offset=self.image_offset)
 
-    def forward(self, batch: VLBatch, image_token_type_idx: int = 1, pooled_only: bool = False,
-                **kwargs: Any) -> VLOutput:
-        return self.fuse(self.encode_text(batch), self.encode_image(batch, image_token_type_idx=image_token_type_idx),
-                         pooled_only)
+
+# -- task heads (``meter_module.py``): Linear, LayerNorm(1e-5), GELU, Linear ---------------------------------
+class _MeterClassifier(JointClassifier):
+    hidden_mult = 1.0
+
+    def layers(self, model: VLModel, in_size: int, num_outputs: int) -> nn.Module:
+        hidden = int(self.hidden_mult * in_size)
+        return init_linear(nn.Sequential(nn.Linear(in_size, hidden), nn.LayerNorm(hidden, eps=1e-5), nn.GELU(),
+                                         nn.Linear(hidden, num_outputs)), model.config.initializer_range)
+
+
+@register_head("vqa", "meter")
+class MeterVQAHead(_MeterClassifier):
+    """``vqa_classifier`` on ``cat(text_pool, image_pool)``; BCE x answers."""
+
+    output, loss = "vqa_classifier", "bce_instance"
+
+
+@register_head("snli_ve", "meter")
+class MeterSNLIVEHead(_MeterClassifier):
+    """``snli_classifier``; cross-entropy."""
+
+    output, loss = "snli_classifier", "ce"
+
+
+@register_head("nlvr2", "meter", "pair")
+class MeterNLVR2Head(_MeterClassifier, PairClassifier):
+    """``nlvr2_classifier`` [Linear(2 x joint, joint), LN, GELU, Linear(joint, 2)] over the joint vectors of
+    the two passes (image token types 1 and 2); cross-entropy."""
+
+    output, loss, hidden_mult = "nlvr2_classifier", "ce", 0.5
+
+
+@register_head("retrieval", "meter")
+class MeterRetrievalHead(RankHead):
+    """``rank_output`` (from ``itm_score.fc.weight[1:]``); 1 positive + ``num_negatives`` captions softmax, plus
+    the ITM loss with the pre-training head frozen (``loss_names`` itm + irtr)."""
+
+    output, recipe, frozen_itm_weight = "rank_output", "softmax", 1.0

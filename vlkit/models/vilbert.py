@@ -1,7 +1,7 @@
 """ViLBERT (Lu et al. 2019): two streams joined by co-attention, as in facebookresearch/vilbert-multi-task.
 
-Module names follow the official ``BertModel`` (without its ``bert.`` prefix), so released
-checkpoints load through `vlkit.convert.vilbert`. Execution order of the base model
+Module names follow the official ``BertModel`` (without its ``bert.`` prefix), so the keys of released
+checkpoints line up after that prefix. Execution order of the base model
 (``v_biattention_id`` 0-5, ``t_biattention_id`` 6-11): text L0-L5; co0; (L6, V0); co1; ...; co5; V5; L11.
 """
 from __future__ import annotations
@@ -14,10 +14,11 @@ from torch import Tensor, nn
 
 from vlkit.models.base import BertStreamConfig, VLModel
 from vlkit.models.embeddings import BertTextEmbeddings, ViLBERTRegionEmbeddings
+from vlkit.models.heads import JointClassifier, PairClassifier, RankHead, RegionScorer
 from vlkit.models.layers import (BertIntermediate, BertLayer, BertOutput, BiAttention, BiOutput, Pooler,
                                  additive_mask, bert_layers, init_bert_weights, run_layers,
                                  run_single_stream)
-from vlkit.registry import register_model
+from vlkit.registry import register_head, register_model
 from vlkit.types import Encoded, VLBatch, VLOutput
 
 
@@ -120,6 +121,17 @@ class ViLBERT(VLModel):
     family = "vilbert"
     config_class = ViLBERTConfig
     image_input = "regions"
+    # train_concap.py (pretrained_model.bin): MLM + MRC-kl + ITM summed, joint masking
+    default_mix = "vilbert"
+    objective_defaults = {
+        "itm": {"negatives": "text", "split": "bernoulli", "match_index": 0, "dropout": 0.1},
+        "mrc": {"reduction": "per_region"},
+        "mrc_kl": {"reduction": "per_region"},
+    }
+    # train_concap.py: AdamW, WarmupLinearSchedule stepped before the optimizer, no clipping
+    trainer_preset = dict(lr=1e-4, betas=[0.9, 0.98], eps=1e-8, weight_decay=0.01, no_decay="bert", warmup=0.1,
+                          schedule="linear", schedule_offset=1, grad_clip=0.0, batching="fixed", batch_size=512)
+    official_task_ids = {"vqa": 1, "nlvr2": 12, "snli_ve": 13}  # vilbert_tasks.yml TASK<n>
 
     def __init__(self, config: ViLBERTConfig):
         super().__init__(config)
@@ -212,7 +224,53 @@ class ViLBERT(VLModel):
         return VLOutput(text_states=txt, text_mask=text_mask, image_states=vis, image_mask=image_mask,
                         text_pooled=text_pooled, image_pooled=image_pooled, joint=joint, image_offset=1)
 
-    def forward(self, batch: VLBatch, task_ids: Tensor | None = None, pooled_only: bool = False,
-                **kwargs: Any) -> VLOutput:
-        return self.fuse(self.encode_text(batch, task_ids=task_ids), self.encode_image(batch), pooled_only)
+    def task_inputs(self, task: str, batch: VLBatch, task_id: int | None = None) -> dict[str, Any]:
+        """``task_ids`` (the official task number unless ``task_id`` is given) when the model has task tokens."""
+        if not self.config.task_specific_tokens:
+            return {}
+        task_id = self.official_task_ids.get(task, 0) if task_id is None else int(task_id)
+        return {"task_ids": torch.full((batch.batch_size,), task_id, dtype=torch.long, device=batch.device)}
 
+
+# -- task heads (``VILBertForVLTasks``): each reads dropout(0.1) of the joint vector / region states ------------
+@register_head("vqa", "vilbert")
+class ViLBERTVQAHead(JointClassifier):
+    """``vil_prediction``: ``SimpleClassifier`` (hidden 2 x joint); BCE x answers."""
+
+    output, loss, dropout_prob = "vil_prediction", "bce_instance", 0.1
+
+
+@register_head("snli_ve", "vilbert")
+class ViLBERTSNLIVEHead(JointClassifier):
+    """``vil_tri_prediction``: Linear(joint, 3); BCE on one-hot targets."""
+
+    output, loss, dropout_prob = "vil_tri_prediction", "bce", 0.1
+
+    def layers(self, model: VLModel, in_size: int, num_outputs: int) -> nn.Module:
+        head = nn.Linear(in_size, num_outputs)
+        init_bert_weights(head, model.config.initializer_range)
+        return head
+
+
+@register_head("nlvr2", "vilbert", "pair")
+class ViLBERTNLVR2Head(PairClassifier):
+    """``vil_binary_prediction``: ``SimpleClassifier`` over both joint vectors (hidden 2 x joint); BCE."""
+
+    output, loss, dropout_prob = "vil_binary_prediction", "bce", 0.1
+
+
+@register_head("refexp", "vilbert")
+class ViLBERTRefExpHead(RegionScorer):
+    """``vision_logit``: Linear(v_hidden, 1) on each region state; BCE against the IoU targets."""
+
+    output, loss, dropout_prob = "vision_logit", "bce", 0.1
+
+    def layers(self, model: VLModel, size: int, mlp: int) -> nn.Module:
+        return nn.Linear(size, 1)
+
+
+@register_head("retrieval", "vilbert")
+class ViLBERTRetrievalHead(RankHead):
+    """``vil_logit``: Linear(joint, 1); 4-way multiple choice with a hard negative; randomly initialised."""
+
+    output, dropout_prob, recipe, init_from_itm = "vil_logit", 0.1, "multiple_choice", False

@@ -90,7 +90,6 @@ class Objective(nn.Module, metaclass=abc.ABCMeta):
 
     name: ClassVar[str] = ""
     view: ClassVar[str] = ""
-    defaults: ClassVar[dict[str, dict[str, Any]]] = {}  # per-family option defaults (official code)
 
     def __init__(self, model: VLModel):
         super().__init__()
@@ -102,8 +101,9 @@ class Objective(nn.Module, metaclass=abc.ABCMeta):
 
     @classmethod
     def options(cls, model: VLModel, given: dict[str, Any]) -> dict[str, Any]:
-        """The family's official defaults for this objective, overridden by ``given``."""
-        return {**cls.defaults.get(model.family, {}), **given}
+        """The defaults the model's family declares for this objective (``objective_defaults``),
+        overridden by ``given``."""
+        return {**model.objective_defaults.get(cls.name, {}), **given}
 
     @abc.abstractmethod
     def forward(self, out: VLOutput, batch: VLBatch, ctx: PassContext) -> LossOutput:

@@ -77,11 +77,6 @@ class ImageTextMatching(Objective):
 
     name = "itm"
     view = "pairs"
-    defaults = {
-        "vilbert": {"negatives": "text", "split": "bernoulli", "match_index": 0, "dropout": 0.1},
-        "uniter": {"negatives": "image", "split": "bernoulli", "match_index": 1, "dropout": 0.0},
-        "meter": {"negatives": "image", "split": "half", "match_index": 1, "dropout": 0.0},
-    }
 
     def __init__(self, model: VLModel, negatives: str = "image", split: str = "bernoulli", neg_prob: float = 0.5,
                  match_index: int = 1, dropout: float = 0.0):

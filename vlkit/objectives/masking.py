@@ -1,4 +1,4 @@
-"""Masking primitives for MLM, MRM and MIM, and the conditional / joint masking policies.
+"""Masking primitives for MLM, MRM and MIM (the mixture, `vlkit.objectives.mix`, decides which a pass applies).
 
 Every function returns new tensors (inputs are never modified) and draws its randomness from the
 explicit CPU ``torch.Generator`` it is given, never from global RNG: masks are drawn on the CPU and
@@ -6,18 +6,14 @@ moved to the batch's device, so a seed gives the same masks on any device.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Literal, Sequence
 
 import torch
 from torch import Tensor
 
 from vlkit.types import VLBatch
 
-__all__ = [
-    "IGNORE_INDEX", "MaskedBatch", "conditional_split", "mask_batch", "mask_patches", "mask_regions",
-    "mask_tokens", "word_starts_from_tokens",
-]
+__all__ = ["IGNORE_INDEX", "mask_patches", "mask_regions", "mask_tokens", "word_starts_from_tokens"]
 
 IGNORE_INDEX = -100
 TokenPolicy = Literal["bernoulli", "whole_word", "hf_wwm"]
@@ -206,56 +202,3 @@ def mask_patches(pixel_values: Tensor, patch_size: int, *, generator: torch.Gene
     masked = masked.to(pixel_values.device)
     pixel_mask = masked.view(b, 1, gh, 1, gw, 1).expand(b, 1, gh, patch_size, gw, patch_size).reshape(b, 1, h, w)
     return pixel_values.masked_fill(pixel_mask, 0), masked
-
-
-def conditional_split(batch_size: int, generator: torch.Generator, p_text: float = 0.5) -> Tensor:
-    """UNITER's conditional masking per row: [B] bool, True = mask text, False = mask regions (never both)."""
-    return torch.rand(batch_size, generator=generator) < p_text
-
-
-MaskingPolicy = Literal["conditional", "joint", "text", "regions"]
-_BATCH_POLICIES = ("conditional", "joint", "text", "regions")
-
-
-@dataclass
-class MaskedBatch:
-    """What ``mask_batch`` returns: the corrupted batch and what to predict.
-
-    ``mlm_labels`` [B, T] (-100 = not masked); ``region_masked`` [B, K] bool (None without regions);
-    ``text_rows`` / ``region_rows`` [B] bool say which rows were eligible for each modality.
-    """
-
-    batch: VLBatch
-    mlm_labels: Tensor
-    region_masked: Tensor | None
-    text_rows: Tensor
-    region_rows: Tensor
-
-
-def mask_batch(batch: VLBatch, *, generator: torch.Generator, policy: MaskingPolicy = "conditional",
-               text: dict[str, Any], regions: dict[str, Any] | None = None, p_text: float = 0.5) -> MaskedBatch:
-    """Apply a masking policy to a batch.
-
-    ``conditional`` (UNITER): each row masks text or regions, never both (``conditional_split``);
-    ``joint`` (ViLBERT): both modalities, drawn independently; ``text`` / ``regions``: one modality
-    for every row. ``text`` holds ``mask_tokens`` keyword arguments (mask_token_id, vocab_size,
-    special_ids, ...), ``regions`` those of ``mask_regions``.
-    """
-    if policy not in _BATCH_POLICIES:
-        raise ValueError(f"mask_batch: unknown policy {policy!r}; choose from {_BATCH_POLICIES}")
-    b = batch.batch_size
-    if policy == "conditional":
-        text_rows = conditional_split(b, generator, p_text)
-        region_rows = ~text_rows
-    else:
-        text_rows = torch.full((b,), policy in ("joint", "text"))
-        region_rows = torch.full((b,), policy in ("joint", "regions"))
-    if region_rows.any() and not batch.has_regions:
-        raise ValueError(f"mask_batch: policy {policy!r} masks regions but the batch has none")
-    masked_ids, labels = mask_tokens(batch.input_ids, batch.attention_mask, generator=generator,
-                                     sample_mask=text_rows, **text)
-    out, region_masked = batch.replace(input_ids=masked_ids), None
-    if batch.has_regions:
-        out, region_masked = mask_regions(out, generator=generator, sample_mask=region_rows, **(regions or {}))
-    device = batch.device
-    return MaskedBatch(out, labels, region_masked, text_rows.to(device), region_rows.to(device))

@@ -28,6 +28,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
+from vlkit.io import config_dir
 from vlkit.models.base import VLModel
 from vlkit.objectives.base import IncompatibleObjective, Objective, PassContext, TokenInfo
 from vlkit.objectives.masking import mask_patches, mask_regions, mask_tokens
@@ -38,7 +39,7 @@ MIX_KEYS = ("sampling", "masking", "seed", "mask_only_matched", "text_masking", 
             "objectives")
 MASK_VIEWS = ("text", "regions", "patches")
 UNIMODAL = "unimodal"  # a pass of encode_text / encode_image over the clean batch, no fusion
-PRESET_DIR = Path(__file__).resolve().parent.parent / "conf" / "objectives"
+PRESET_DIR = config_dir() / "objectives"
 
 
 @dataclass
@@ -99,6 +100,7 @@ class Pretraining(nn.Module):
     def __init__(self, model: VLModel, mix: Any, tokens: TokenInfo | None = None, seed: int | None = None):
         super().__init__()
         cfg = load_mix(mix)
+        self.mix = cfg
         self.model = model
         self.sampling = cfg.get("sampling", "per_batch")
         self.masking = cfg.get("masking", "conditional")

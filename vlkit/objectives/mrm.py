@@ -63,7 +63,6 @@ class RegionClassifier(nn.Module):
 
 class _RegionClassification(Objective):
     view = "regions"
-    defaults = {"vilbert": {"reduction": "per_region"}, "uniter": {"reduction": "mean"}}
 
     def __init__(self, model: VLModel, reduction: str = "mean"):
         super().__init__(model)

@@ -114,7 +114,7 @@ def wra_distance(text_states: Tensor, text_mask: Tensor, region_states: Tensor, 
 def wra_loss(distance: Tensor, is_match: Tensor) -> Tensor:
     """UNITER's ``ot_loss = (sum d[matched] - sum d[mismatched]) / n`` (no margin, no clipping).
 
-    The lead's ITM objective adds it as ``itm_loss + lambda * ot_loss`` (lambda 0.1 in UNITER).
+    The mixture adds it to the ITM loss of the same pass as ``itm_loss + lambda * ot_loss`` (lambda 0.1 in UNITER).
     """
     if distance.shape != is_match.shape:
         raise ValueError(f"wra_loss: distance {tuple(distance.shape)} and is_match {tuple(is_match.shape)} differ")

@@ -1,5 +1,5 @@
 """What the downstream tasks share: the `Task` base (a training module the `Trainer` drives), the
-families' official classifier layouts, and the evaluation loop."""
+installation of a family's head from the ``(task, family)`` head registry, and the evaluation loop."""
 from __future__ import annotations
 
 import abc
@@ -12,7 +12,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vlkit.models.base import VLModel
+from vlkit.models.heads import Head
+from vlkit.registry import HEADS
 from vlkit.types import LossOutput, VLBatch, VLOutput
+
+
+class IncompatibleTask(ValueError):
+    """A task that cannot work with a model (e.g. RefExp on a patch model), raised at build time."""
 
 
 @dataclass
@@ -28,13 +34,17 @@ class TaskData:
 
 
 class Task(nn.Module, metaclass=abc.ABCMeta):
-    """A downstream task: the model plus the family's official head.
+    """A downstream task: the model plus the family's head for the task.
 
     ``forward(batch, step=0, micro_step=None) -> LossOutput`` is the training loss (the `Trainer`
     calls it like a pre-training module); ``predict(batch)`` gives per-example predictions;
     ``evaluate(data)`` the task's exact metrics over one of ``TaskData.eval``'s sets;
     ``build_data(cfg, tokenizer, image_source, world=None)`` reads the task's files (official formats)
     or the shapes world into a `TaskData`.
+
+    The head comes from `vlkit.registry.HEADS` (the family's own for this task, else the generic
+    one): `install_head` puts its layers on the task under their own names (``task.head`` is its
+    output layer, ``task.task_head`` the head itself).
     """
 
     name: ClassVar[str] = ""
@@ -43,6 +53,40 @@ class Task(nn.Module, metaclass=abc.ABCMeta):
     def __init__(self, model: VLModel):
         super().__init__()
         self.model = model
+        self.__dict__["task_head"] = None
+
+    @classmethod
+    def check(cls, model: VLModel | type[VLModel]) -> None:
+        """Raise `IncompatibleTask` if models of this kind cannot serve the task (a class is enough)."""
+
+    def head_class(self, kind: str | None = None) -> type[Head]:
+        """The registered head ``kind`` (default: the family's default) of this task for the model's family."""
+        return HEADS.get(self.name, self.model.family, kind)
+
+    def install_head(self, head: Head) -> Head:
+        """Register ``head``'s layers on the task under their own names (the state-dict keys)."""
+        own = [n for n, _ in head.named_parameters(recurse=False)] + [n for n, _ in head.named_buffers(recurse=False)]
+        if own:
+            raise TypeError(f"{type(head).__name__}: a head keeps its weights in child modules, not as {own}")
+        for name, module in head.named_children():
+            self.add_module(name, module)
+        self.__dict__["task_head"] = head  # not a submodule: its layers already are
+        return head
+
+    @property
+    def head_name(self) -> str:
+        return self.task_head.output
+
+    @property
+    def head(self) -> nn.Module:
+        """The head's output layer (the official classifier / scorer)."""
+        return getattr(self, self.head_name)
+
+    def train(self, mode: bool = True) -> "Task":
+        super().train(mode)
+        if self.task_head is not None:
+            self.task_head.training = mode
+        return self
 
     @abc.abstractmethod
     def forward(self, batch: VLBatch, step: int = 0, micro_step: int | None = None) -> LossOutput:
@@ -60,34 +104,6 @@ class Task(nn.Module, metaclass=abc.ABCMeta):
     @abc.abstractmethod
     def build_data(cls, cfg: Mapping[str, Any], tokenizer: Any, image_source: Any, world: Any = None) -> TaskData:
         """The task's `TaskData` from ``cfg`` (``conf/task/<name>.yaml``)."""
-
-
-def classifier(model: VLModel, num_outputs: int, in_size: int | None = None, hidden: int | None = None) -> nn.Sequential:
-    """The family's official answer classifier on the joint vector.
-
-    ViLBERT ``SimpleClassifier`` / UNITER ``vqa_output``: Linear, GELU, LayerNorm(1e-12), Linear
-    (hidden 2x the input); METER ``vqa_classifier``: Linear, LayerNorm(1e-5), GELU, Linear (hidden =
-    input). Indices match the official state-dict keys (``.0``, ``.2``, ``.3`` / ``.0``, ``.1``, ``.3``).
-    """
-    in_size = in_size or model.joint_size
-    if model.family == "meter":
-        hidden = hidden or in_size
-        layers = [nn.Linear(in_size, hidden), nn.LayerNorm(hidden, eps=1e-5), nn.GELU(), nn.Linear(hidden, num_outputs)]
-    else:
-        hidden = hidden or 2 * in_size
-        layers = [nn.Linear(in_size, hidden), nn.GELU(), nn.LayerNorm(hidden, eps=1e-12), nn.Linear(hidden, num_outputs)]
-    head = nn.Sequential(*layers)
-    std = getattr(model.config, "initializer_range", 0.02)
-    for module in head:
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, std=std)
-            nn.init.zeros_(module.bias)
-    return head
-
-
-def joint_dropout(model: VLModel) -> float:
-    """ViLBERT's heads read ``dropout(pooled_t * pooled_v)`` (0.1); UNITER and METER apply none."""
-    return 0.1 if model.family == "vilbert" else 0.0
 
 
 def eval_batches(task: Task, batches: Iterable[VLBatch], desc: str) -> Iterable[VLBatch]:
@@ -176,50 +192,26 @@ def split_records(cfg: Mapping[str, Any], world: Any, from_world: Callable[[Any,
 
 
 class HeadTask(Task):
-    """A task with one family-specific head over the model's outputs.
+    """A classification task with the family's head: ``loss`` defaults to the head's official one,
+    ``head`` names one of the family's heads for the task (default: its default), and ``task_id`` is
+    passed to the model's `task_inputs` (ViLBERT's task tokens)."""
 
-    The head is registered under its official name (``head_names[family]``, so state-dict keys match
-    the official ones) and read through ``head``. ``loss`` defaults to the family's official choice
-    (``official_losses``). A ViLBERT built with ``task_specific_tokens`` gets ``task_ids`` filled with
-    ``task_id`` (default: the official ``vilbert_tasks.yml`` number).
-    """
-
-    head_names: ClassVar[Mapping[str, str]] = {}
-    official_losses: ClassVar[Mapping[str, str]] = {}
-    vilbert_task_id: ClassVar[int] = 0
-
-    def __init__(self, model: nn.Module, loss: str | None = None, task_id: int | None = None):
+    def __init__(self, model: nn.Module, loss: str | None = None, task_id: int | None = None, head: str | None = None):
         super().__init__(model)
-        if model.family not in self.head_names:
-            raise ValueError(f"task {self.name}: no head for the {model.family!r} family "
-                             f"(has {', '.join(self.head_names)})")
-        self.loss_kind = loss or self.official_losses[model.family]
+        cls = self.head_class(head)
+        self.head_kind = head or HEADS.names(self.name, model.family)[0]
+        self.loss_kind = loss or cls.loss
         if self.loss_kind not in LOSSES:
             raise ValueError(f"task {self.name}: unknown loss {self.loss_kind!r}; choose one of {', '.join(LOSSES)}")
-        self.task_id = self.vilbert_task_id if task_id is None else int(task_id)
-        self.joint_dropout = nn.Dropout(joint_dropout(model))
-        self.head_name = self.head_names[model.family]
-
-    def set_head(self, head: nn.Module) -> None:
-        self.add_module(self.head_name, head)
-
-    @property
-    def head(self) -> nn.Module:
-        return getattr(self, self.head_name)
+        self.task_id = None if task_id is None else int(task_id)
 
     def encode(self, batch: VLBatch, **kwargs: Any) -> VLOutput:
-        """The model's outputs for ``batch`` (with ViLBERT's task tokens when it has them)."""
-        if getattr(self.model.config, "task_specific_tokens", False):
-            kwargs["task_ids"] = torch.full((batch.batch_size,), self.task_id, dtype=torch.long, device=batch.device)
-        return self.model(batch, **kwargs)
-
-    def joint(self, out: VLOutput) -> Tensor:
-        """The joint vector the heads read (ViLBERT applies dropout 0.1)."""
-        return self.joint_dropout(out.joint)
+        """The model's outputs for ``batch`` with the model's task inputs (ViLBERT's task tokens)."""
+        return self.model(batch, **self.model.task_inputs(self.name, batch, self.task_id), **kwargs)
 
     def logits(self, batch: VLBatch) -> Tensor:
-        """The head over the joint vector (the model's last layers run only where its poolers read)."""
-        return self.head(self.joint(self.encode(batch, pooled_only=True)))
+        """The head over one pass of the model (its last layers at the pooled positions when the head allows)."""
+        return self.task_head(self.encode(batch, pooled_only=self.task_head.pooled_only))
 
     def batches(self, data: Any, batch_size: int, desc: str) -> Iterable[VLBatch]:
         """``data`` in order, ``batch_size`` examples a batch, in eval mode without gradients."""

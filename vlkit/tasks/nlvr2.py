@@ -4,16 +4,11 @@ Batch layout: rows 2i / 2i+1 of a batch are the left / right image of example i 
 label). `ImagePairTexts` yields one item per example and its collator flattens the pairs, so a
 sampler over items never splits a pair; `split_pairs` checks the layout on every batch.
 
-Heads (official keys): ViLBERT ``vil_binary_prediction`` = its VQA-style MLP over the two
-``dropout(joint)`` vectors concatenated (hidden 2 x joint); UNITER ``pair`` = ``nlvr2_output``
-Linear(2H, 2) over the two pooled [CLS], and ``pair_biattn`` (the official default, ``paired-attn``) =
-``UniterForNlvr2PairedAttn``: ``attn1`` / ``attn2`` cross-attention left->right and right->left over
-the whole sequences, ``fc`` on ``[attended, own]``, ``attn_pool`` per side, ``nlvr2_output`` on both
-pools; METER ``nlvr2_classifier`` [Linear(2 x joint, joint), LN, GELU, Linear(joint, 2)] over the
-joint vectors of two passes with image token types 1 and 2. UNITER (``use_img_type``, official
-default) and METER give the right image type id 2: the token-type table grows to 3 rows, row 2 a
-copy of row 1 (`extend_image_token_types`). Losses as the official codes train: ViLBERT BCE on
-one-hot targets, UNITER and METER cross-entropy.
+The head is the family's `vlkit.models.heads.PairClassifier`-style head over the two passes
+(``head=`` picks one of the family's NLVR2 heads, e.g. UNITER ``pair`` / ``pair_biattn``). With
+``use_img_type`` a family with image token types (`VLModel.image_types`) gives the right image type
+id 2: its table grows to 3 rows, row 2 a copy of row 1 (`extend_image_token_types`). Loss: the head's
+official one unless ``loss=`` says otherwise.
 """
 from __future__ import annotations
 
@@ -21,18 +16,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vlkit.models.layers import init_bert_weights
 from vlkit.registry import register_task
 from vlkit.tasks.metrics import accuracy
-from vlkit.tasks.base import HeadTask, TaskData, classification_loss, classifier, label_target, most_common, split_records
+from vlkit.tasks.base import HeadTask, TaskData, classification_loss, label_target, most_common, split_records
 from vlkit.types import LossOutput, VLBatch, VLOutput
-
-HEADS = {"vilbert": ("pair",), "uniter": ("pair", "pair_biattn"), "meter": ("pair",)}
-DEFAULT_HEAD = {"vilbert": "pair", "uniter": "pair_biattn", "meter": "pair"}
-IMAGE_TYPE_KWARG = {"uniter": "img_type_id", "meter": "image_token_type_idx"}  # forward kwarg of each family
 
 
 # --------------------------------------------------------------------------------------------
@@ -106,45 +95,11 @@ def split_pairs(batch: VLBatch) -> tuple[VLBatch, VLBatch]:
 
 
 def extend_image_token_types(model: nn.Module) -> None:
-    """Grow the token-type table that holds the image type ids to 3 rows, row 2 a copy of row 1 (UNITER
-    ``init_type_embedding``, METER's NLVR2 set-up), and record the size in the model config."""
-    if model.family == "uniter":
-        owner, field = model.embeddings, "type_vocab_size"
-    elif model.family == "meter":
-        owner, field = model, "num_image_token_types"
-    else:
+    """Give ``model`` a third image token type (row 2 a copy of row 1, UNITER ``init_type_embedding`` and
+    METER's NLVR2 set-up) and record it in its config."""
+    if not model.image_types:
         raise ValueError(f"{model.family} has no image token types")
-    old = owner.token_type_embeddings
-    if old.num_embeddings >= 3:
-        return
-    if old.num_embeddings < 2:
-        raise ValueError(f"{model.family}: the token-type table has {old.num_embeddings} row(s); need 2 to extend")
-    new = nn.Embedding(3, old.embedding_dim, device=old.weight.device, dtype=old.weight.dtype)
-    with torch.no_grad():
-        new.weight[:2] = old.weight
-        new.weight[2] = old.weight[1]
-    owner.token_type_embeddings = new
-    setattr(model.config, field, 3)
-
-
-class AttentionPool(nn.Module):
-    """UNITER's attention pooling: softmax over positions of ``ReLU(Linear(h))`` (pads get -1e4), dropout."""
-
-    def __init__(self, hidden_size: int, dropout: float = 0.0):
-        super().__init__()
-        self.fc = nn.Sequential(nn.Linear(hidden_size, 1), nn.ReLU())
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, states: Tensor, pad: Tensor) -> Tensor:
-        score = self.fc(states).squeeze(-1) + pad.to(states.dtype) * -1e4
-        weights = self.dropout(F.softmax(score, dim=1))
-        return (weights.unsqueeze(1) @ states).squeeze(1)
-
-
-def _sequence(out: VLOutput) -> tuple[Tensor, Tensor]:
-    """A UNITER output's whole sequence [n, T + K, H] and its padding (True = pad)."""
-    states = torch.cat([out.text_states, out.image_states], dim=1)
-    return states, torch.cat([out.text_mask, out.image_mask], dim=1) == 0
+    model.extend_image_types(3)
 
 
 # --------------------------------------------------------------------------------------------
@@ -165,61 +120,27 @@ def _nlvr2_files(path: Any) -> list[dict]:
 
 @register_task("nlvr2")
 class NLVR2Task(HeadTask):
-    """NLVR2 with the family's official head (``head``: UNITER ``pair_biattn`` (default) or ``pair``)."""
+    """NLVR2 with the family's head over both images (``head``: one of the family's NLVR2 heads)."""
 
     name = "nlvr2"
-    head_names = {"vilbert": "vil_binary_prediction", "uniter": "nlvr2_output", "meter": "nlvr2_classifier"}
-    official_losses = {"vilbert": "bce", "uniter": "ce", "meter": "ce"}
-    vilbert_task_id = 12  # vilbert_tasks.yml TASK12
 
     def __init__(self, model: nn.Module, head: str | None = None, use_img_type: bool = True,
                  majority_label: bool | None = None, loss: str | None = None, task_id: int | None = None):
-        super().__init__(model, loss, task_id)
-        family, joint = model.family, model.joint_size
-        self.head_kind = head or DEFAULT_HEAD[family]
-        if self.head_kind not in HEADS[family]:
-            raise ValueError(f"task nlvr2: {family} has no head {self.head_kind!r}; "
-                             f"choose one of {', '.join(HEADS[family])}")
-        self.image_type_kwarg = IMAGE_TYPE_KWARG.get(family) if use_img_type else None
-        if self.image_type_kwarg:
+        super().__init__(model, loss, task_id, head)
+        self.use_img_type = use_img_type and model.image_types
+        if self.use_img_type:
             extend_image_token_types(model)
         self.majority_label = majority_label
-        if family != "uniter":  # the family's classifier over both joint vectors (ViLBERT hidden 2 x joint)
-            self.set_head(classifier(model, 2, in_size=2 * joint, hidden=joint * (2 if family == "vilbert" else 1)))
-            return
-        c = model.config
-        self.set_head(nn.Linear(2 * joint, 2))
-        heads = [self.head]
-        if self.head_kind == "pair_biattn":
-            h = c.hidden_size
-            n_heads, drop = c.num_attention_heads, c.attention_probs_dropout_prob
-            self.attn1 = nn.MultiheadAttention(h, n_heads, drop, batch_first=True)  # left queries the right
-            self.attn2 = nn.MultiheadAttention(h, n_heads, drop, batch_first=True)  # right queries the left
-            self.fc = nn.Sequential(nn.Linear(2 * h, h), nn.ReLU(), nn.Dropout(c.hidden_dropout_prob))
-            self.attn_pool = AttentionPool(h, c.attention_probs_dropout_prob)
-            heads += [self.attn1, self.attn2, self.fc, self.attn_pool]
-        for module in heads:  # official init_weights: Linear layers (out_proj included); in_proj keeps xavier
-            module.apply(lambda m: init_bert_weights(m, c.initializer_range))
+        self.install_head(self.head_class(head)(model, 2))
 
     def _encode_side(self, batch: VLBatch, image_type: int) -> VLOutput:
-        kwargs = {self.image_type_kwarg: image_type} if self.image_type_kwarg else {}
-        return self.encode(batch, pooled_only=self.head_kind != "pair_biattn", **kwargs)  # biattn reads every state
+        kwargs = {"image_type_id": image_type} if self.use_img_type else {}
+        return self.encode(batch, pooled_only=self.task_head.pooled_only, **kwargs)
 
     def logits(self, batch: VLBatch) -> Tensor:
         """[B / 2, 2] logits of the pairs of ``batch``."""
         left, right = split_pairs(batch)
-        lo, ro = self._encode_side(left, 1), self._encode_side(right, 2)
-        if self.head_kind == "pair_biattn":
-            return self._bi_attention(lo, ro)
-        return self.head(torch.cat([self.joint(lo), self.joint(ro)], dim=-1))
-
-    def _bi_attention(self, lo: VLOutput, ro: VLOutput) -> Tensor:
-        (left, left_pad), (right, right_pad) = _sequence(lo), _sequence(ro)
-        l2r, _ = self.attn1(left, right, right, key_padding_mask=right_pad, need_weights=False)
-        r2l, _ = self.attn2(right, left, left, key_padding_mask=left_pad, need_weights=False)
-        left = self.attn_pool(self.fc(torch.cat([l2r, left], dim=-1)), left_pad)
-        right = self.attn_pool(self.fc(torch.cat([r2l, right], dim=-1)), right_pad)
-        return self.head(torch.cat([left, right], dim=-1))
+        return self.task_head(self._encode_side(left, 1), self._encode_side(right, 2))
 
     def label_ids(self, batch: VLBatch) -> Tensor:
         labels = self.target(batch)

@@ -2,15 +2,14 @@
 refers to. Region families only: the candidates are the image's detected regions (the feature
 store's boxes).
 
-- ViLBERT (``VILBertForVLTasks.vision_logit``, ``task_utils.py`` V-logit): ``vision_logit``
-  Linear(v_hidden, 1) on ``dropout(region states)`` with padded regions at -10000; BCE with logits
-  against each region's IoU with the referred box where IoU >= 0.5, else 0 (the official soft
-  targets; ``labels="binary"`` gives the paper's 0/1 labels), summed over regions, averaged over the
-  batch (``loss.mean() * num_regions``).
-- UNITER (``model/re.py``, ``train-refcoco+-base-1gpu.json``): ``re_output`` (``mlp=2``: Linear,
-  GELU, LayerNorm(1e-12), Linear; ``mlp=1``: Linear) on the region states, padded regions at -1e4,
-  cross-entropy toward the region with the highest IoU >= 0.5 with the referred box (expressions with
-  no such region are skipped), summed over the batch as ``train_re.py`` does.
+The family's head (a `vlkit.models.heads.RegionScorer`) scores every candidate region; padded
+regions get -10000. Its loss, by name:
+
+- ``bce`` (ViLBERT ``task_utils.py`` V-logit): BCE with logits against each region's IoU with the
+  referred box where IoU >= 0.5, else 0 (the official soft targets; ``labels="binary"`` gives the
+  paper's 0/1 labels), summed over regions, averaged over the batch (``loss.mean() * num_regions``).
+- ``ce`` (UNITER ``model/re.py``, ``train_re.py``): cross-entropy toward the region with the highest
+  IoU >= 0.5 with the referred box (expressions with no such region are skipped), summed over the batch.
 
 The official ViLBERT dataset also adds the ground-truth boxes to the training candidates and keeps its
 [IMG] token (the whole image) as a candidate; here the candidates are the detected regions only.
@@ -26,21 +25,19 @@ from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from vlkit.models.base import VLModel
+from vlkit.models.layers import MASK_VALUE
 from vlkit.registry import register_task
-from vlkit.tasks.base import Task, TaskData, eval_batches, gather, joint_dropout
+from vlkit.tasks.base import IncompatibleTask, Task, TaskData, eval_batches, gather
 from vlkit.tasks.metrics import paired_box_iou, refexp_accuracy
 from vlkit.types import LossOutput, VLBatch
 
-__all__ = ["IncompatibleTask", "RefExp", "region_ious"]
+__all__ = ["IncompatibleTask", "LOSSES", "RefExp", "region_ious"]
 
 IOU_THRESHOLD = 0.5
-
-
-class IncompatibleTask(ValueError):
-    """A task that cannot work with a model (e.g. RefExp on a patch model), raised at build time."""
+LOSSES = ("bce", "ce")
 
 
 def region_ious(batch: VLBatch) -> Tensor:
@@ -69,48 +66,38 @@ def _refexp_targets(row: Mapping[str, Any]) -> dict[str, Tensor]:
 
 @register_task("refexp")
 class RefExp(Task):
-    """Per-region scoring with the family's head (ViLBERT ``vision_logit``, UNITER ``re_output``).
+    """Per-region scoring with the family's region head and its loss (``loss``: ``bce`` | ``ce``).
 
-    ``labels``: ViLBERT's BCE targets, ``iou`` (official soft IoU) or ``binary`` (paper); ``mlp``:
-    UNITER's head depth (2 in the official RefCOCO+ config, 1 is the code default).
+    ``labels``: the BCE targets, ``iou`` (ViLBERT's official soft IoU) or ``binary`` (paper); ``mlp``:
+    the depth of a head that offers one (UNITER ``re_output``: 2 in the official RefCOCO+ config, 1 is
+    the code default); ``head``: one of the family's RefExp heads.
     """
 
     name = "refexp"
 
-    def __init__(self, model: VLModel, labels: str = "iou", mlp: int = 2):
-        if model.image_input != "regions":
-            raise IncompatibleTask(
-                f"refexp: {model.family} takes {model.image_input}, not region proposals, so there are no candidate "
-                "boxes to score; RefExp needs a region family (vilbert, uniter)")
+    def __init__(self, model: VLModel, labels: str = "iou", mlp: int = 2, loss: str | None = None,
+                 head: str | None = None):
+        self.check(model)
         super().__init__(model)
         if labels not in ("iou", "binary") or mlp not in (1, 2):
             raise ValueError(f"refexp: labels must be 'iou' or 'binary' and mlp 1 or 2; got {labels!r}, {mlp!r}")
-        self.labels = labels
-        size = model.image_hidden_size
-        std = getattr(model.config, "initializer_range", 0.02)
-        if model.family == "vilbert":
-            self.head_name, self.dropout = "vision_logit", nn.Dropout(joint_dropout(model))
-            head: nn.Module = nn.Linear(size, 1)
-        else:
-            self.head_name, self.dropout = "re_output", nn.Identity()
-            head = nn.Linear(size, 1) if mlp == 1 else nn.Sequential(
-                nn.Linear(size, size), nn.GELU(), nn.LayerNorm(size, eps=1e-12), nn.Linear(size, 1))
-        for module in head.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=std)
-                nn.init.zeros_(module.bias)
-        setattr(self, self.head_name, head)
-        self.mask_value = -10000.0 if model.family == "vilbert" else -1e4
+        cls = self.head_class(head)
+        self.labels, self.loss_kind = labels, loss or cls.loss
+        if self.loss_kind not in LOSSES:
+            raise ValueError(f"refexp: unknown loss {self.loss_kind!r}; choose one of {', '.join(LOSSES)}")
+        self.install_head(cls(model, mlp))
 
-    @property
-    def head(self) -> nn.Module:
-        return getattr(self, self.head_name)
+    @classmethod
+    def check(cls, model: VLModel | type[VLModel]) -> None:
+        if model.image_input != "regions":
+            raise IncompatibleTask(
+                f"refexp: {model.family} takes {model.image_input}, not region proposals, so there are no candidate "
+                "boxes to score; RefExp needs a region family")
 
     def region_scores(self, batch: VLBatch) -> Tensor:
-        """Scores [B, K] of the candidate regions (padded regions at the official mask value)."""
+        """Scores [B, K] of the candidate regions (padded regions at -10000)."""
         out = self.model(batch)
-        scores = self.head(self.dropout(out.region_states)).squeeze(-1)
-        return scores.masked_fill(~out.region_mask.bool(), self.mask_value)
+        return self.task_head(out).masked_fill(~out.region_mask.bool(), MASK_VALUE)
 
     def forward(self, batch: VLBatch, step: int = 0, micro_step: int | None = None) -> LossOutput:
         scores = self.region_scores(batch)
@@ -118,7 +105,7 @@ class RefExp(Task):
         mask = batch.region_mask.bool()
         chosen_iou = ious.gather(1, scores.argmax(1, keepdim=True)).squeeze(1)
         metrics: dict[str, Any] = {"acc": (chosen_iou >= IOU_THRESHOLD).float().mean()}
-        if self.model.family == "vilbert":
+        if self.loss_kind == "bce":
             hit = ious >= IOU_THRESHOLD
             target = torch.where(hit, ious if self.labels == "iou" else torch.ones_like(ious), torch.zeros_like(ious))
             bce = F.binary_cross_entropy_with_logits(scores, target, reduction="none").masked_fill(~mask, 0.0)

@@ -1,20 +1,21 @@
 """Image-text retrieval: each family's fine-tuning recipe, zero-shot scoring with the pre-training ITM
 head, and IR / TR recall over N images x M captions in three modes.
 
-Recipes (negatives are drawn from the training batch: rows showing another image; each row's caption
-and image are encoded once per step and every pair is fused from those encodings):
+Recipes (named by the family's retrieval head, `vlkit.models.heads.RankHead`; negatives are drawn
+from the training batch: rows showing another image; each row's caption and image are encoded once
+per step and every pair is fused from those encodings):
 
-- ``vilbert``: 4-way multiple choice (positive, random caption, random image, hard caption: the
-  caption of the most similar other image by a cheap similarity: cosine of the mean region features,
-  or of 8x8-pooled pixels), score ``vil_logit(dropout(joint))``, cross-entropy over the 4
-  (``retreival_dataset.py``, ``task_utils.py`` VL-logit).
-- ``uniter``: hard negatives (``model/itm.py`` ``UniterForImageTextRetrievalHardNeg``): for every
+- ``multiple_choice`` (ViLBERT ``retreival_dataset.py``, ``task_utils.py`` VL-logit): 4-way multiple
+  choice (positive, random caption, random image, hard caption: the caption of the most similar other
+  image by a cheap similarity: cosine of the mean region features, or of 8x8-pooled pixels),
+  cross-entropy over the 4.
+- ``hard_negatives`` (UNITER ``model/itm.py`` ``UniterForImageTextRetrievalHardNeg``): for every
   caption ``negative_size`` images and for every image ``negative_size`` captions are sampled and
   scored without gradient in eval mode; the ``hard_size`` hardest of each are trained with the
-  triplet hinge ``max(0, margin + sigmoid(s_neg) - sigmoid(s_pos))`` on ``rank_output``.
-- ``meter``: every image with its caption at index 0 and ``num_negatives`` other captions, softmax
-  cross-entropy on ``rank_output`` (``objectives.compute_irtr``), plus METER's ITM loss with the
-  frozen pre-training head when one is given (``loss_names`` itm + irtr).
+  triplet hinge ``max(0, margin + sigmoid(s_neg) - sigmoid(s_pos))``.
+- ``softmax`` (ViLT / METER ``objectives.compute_irtr``): every image with its caption at index 0 and
+  ``num_negatives`` other captions, softmax cross-entropy; METER's head adds the ITM loss with the
+  frozen pre-training head when one is given (``frozen_itm_weight``; ``loss_names`` itm + irtr).
 
 Evaluation modes: ``full`` runs the whole model on every pair (paper parity); ``cached`` encodes each
 caption once (``encode_text``) and each image once (``encode_image``) and only ``fuse``s pairs;
@@ -31,12 +32,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vlkit.models.base import VLModel
-from vlkit.registry import register_task
-from vlkit.tasks.base import Task, TaskData, eval_batches, joint_dropout
+from vlkit.registry import HEADS, MODELS, register_task
+from vlkit.tasks.base import Task, TaskData, eval_batches
 from vlkit.tasks.metrics import recall_at_k
 from vlkit.types import Encoded, LossOutput, VLBatch, VLOutput
 
-RECIPES = ("vilbert", "uniter", "meter")
+RECIPES = ("multiple_choice", "hard_negatives", "softmax")
 MODES = ("full", "cached", "rerank")
 SCORERS = ("rank", "itm")
 
@@ -254,15 +255,16 @@ def _progress(total: int, desc: str):
 # --------------------------------------------------------------------------------------------
 @register_task("retrieval")
 class Retrieval(Task):
-    """Image-text retrieval with the family's recipe (``recipe``: vilbert | uniter | meter, default the
-    model's family) and head: ViLBERT ``vil_logit`` Linear(joint, 1) on ``dropout(joint)``; UNITER /
-    METER ``rank_output`` Linear(joint, 1), initialised from the ITM head's "matched" row when ``itm``
-    is given (UNITER ``init_output``, METER ``itm_score.fc.weight[1:]``).
+    """Image-text retrieval with the family's retrieval head and recipe: ``recipe`` (default: the one the
+    family's head names) is a recipe name (``multiple_choice`` | ``hard_negatives`` | ``softmax``) or a
+    registered family, whose recipe (and frozen-ITM weight) is then used. The head's ``output`` layer
+    is initialised from the ITM head's "matched" row when ``itm`` is given and the head says so (UNITER
+    ``init_output``, METER ``itm_score.fc.weight[1:]``; ``init_from_itm`` overrides).
 
     ``model`` may be a `vlkit.objectives.Pretraining`: its model and ``objectives["itm"]`` are used.
-    ``scorer="itm"`` scores pairs with the ITM head's P(matched) (zero-shot; ViLBERT's index 0 is
-    matched), ``"rank"`` with the fine-tuned head. ``prerank_data`` (a training `RetrievalSet`) is what
-    `fit_prerank` learns from when a ``rerank`` evaluation needs it.
+    ``scorer="itm"`` scores pairs with the ITM head's P(matched) (zero-shot), ``"rank"`` with the
+    fine-tuned head. ``prerank_data`` (a training `RetrievalSet`) is what `fit_prerank` learns from when
+    a ``rerank`` evaluation needs it.
     """
 
     name = "retrieval"
@@ -272,7 +274,7 @@ class Retrieval(Task):
                  init_from_itm: bool | None = None, margin: float = 0.2, negative_size: int = 399,
                  hard_size: int = 31, num_negatives: int = 15, itm_weight: float | None = None,
                  eval_mode: str = "cached", rerank_k: int = 64, prerank_ridge: float = 1.0,
-                 prerank_data: RetrievalSet | None = None, seed: int = 0):
+                 prerank_data: RetrievalSet | None = None, seed: int = 0, head: str | None = None):
         from vlkit.objectives.mix import Pretraining
 
         if isinstance(model, Pretraining):
@@ -285,14 +287,17 @@ class Retrieval(Task):
         if not isinstance(model, VLModel):
             raise TypeError(f"retrieval: expected a VLModel or a Pretraining module, got {type(model).__name__}")
         super().__init__(model)
-        recipe = recipe or model.family
+        head_cls = self.head_class(head)
+        source = head_cls if recipe is None else HEADS.get("retrieval", recipe) if recipe in MODELS else None
+        recipe = source.recipe if source is not None else recipe
         if recipe not in RECIPES or scorer not in SCORERS or eval_mode not in MODES:
-            raise ValueError(f"retrieval: recipe must be one of {RECIPES}, scorer one of {SCORERS}, eval_mode one of "
-                             f"{MODES}; got {recipe!r}, {scorer!r}, {eval_mode!r}")
+            raise ValueError(f"retrieval: recipe must be one of {RECIPES} (or a family), scorer one of {SCORERS}, "
+                             f"eval_mode one of {MODES}; got {recipe!r}, {scorer!r}, {eval_mode!r}")
         if scorer == "itm" and itm is None:
             raise ValueError("retrieval: scorer='itm' (zero-shot) needs the pre-training ITM head: build the task "
                              "from a Pretraining module or pass itm=build_objective('itm', model)")
-        self.itm_weight = (1.0 if itm is not None and recipe == "meter" else 0.0) if itm_weight is None else itm_weight
+        frozen_itm = source.frozen_itm_weight if source is not None and itm is not None else 0.0
+        self.itm_weight = frozen_itm if itm_weight is None else itm_weight
         if self.itm_weight > 0 and itm is None:
             raise ValueError("retrieval: itm_weight > 0 needs an ITM objective (itm=...)")
         self.recipe, self.scorer, self.itm = recipe, scorer, itm
@@ -300,22 +305,13 @@ class Retrieval(Task):
         self.num_negatives, self.seed = num_negatives, seed
         self.eval_mode, self.rerank_k, self.prerank_ridge = eval_mode, rerank_k, prerank_ridge
         self.prerank_data = prerank_data
-        self.head_name = "vil_logit" if model.family == "vilbert" else "rank_output"
-        self.dropout = nn.Dropout(joint_dropout(model))
-        head = nn.Linear(model.joint_size, 1)
-        nn.init.normal_(head.weight, std=getattr(model.config, "initializer_range", 0.02))
-        nn.init.zeros_(head.bias)
-        setattr(self, self.head_name, head)
-        if itm is not None and (model.family != "vilbert" if init_from_itm is None else init_from_itm):
+        self.install_head(head_cls(model))
+        if itm is not None and (head_cls.init_from_itm if init_from_itm is None else init_from_itm):
             self.init_from_itm()
-        if itm is not None and recipe == "meter":  # METER freezes itm_score while fine-tuning IRTR
+        if frozen_itm > 0:  # METER freezes itm_score while fine-tuning IRTR
             itm.requires_grad_(False)
         for name in ("prerank_w", "prerank_image_mean", "prerank_text_mean"):
             self.register_buffer(name, None, persistent=False)
-
-    @property
-    def head(self) -> nn.Linear:
-        return getattr(self, self.head_name)
 
     def init_from_itm(self) -> None:
         """Copy the ITM head's "matched" row into the rank head (UNITER ``init_output``)."""
@@ -329,7 +325,7 @@ class Retrieval(Task):
         """Matching score [B] of each fused pair (higher = better match)."""
         if self.scorer == "itm":
             return self.itm.match_score(out)
-        return self.head(self.dropout(out.joint)).squeeze(-1)
+        return self.task_head(out)
 
     def _fuse_pairs(self, text: Encoded, image: Encoded, txt_idx: Tensor, img_idx: Tensor) -> VLOutput:
         """The model's pooled outputs for the pairs (``txt_idx[p]``, ``img_idx[p]``) of cached encodings."""
@@ -338,7 +334,7 @@ class Retrieval(Task):
     def _rank_scores(self, text: Encoded, image: Encoded, txt_idx: Tensor, img_idx: Tensor) -> Tensor:
         """Rank-head scores [B, n] of the pairs (``txt_idx[b, j]``, ``img_idx[b, j]``) of cached encodings."""
         out = self._fuse_pairs(text, image, txt_idx.reshape(-1), img_idx.reshape(-1))
-        return self.head(self.dropout(out.joint)).view(txt_idx.shape)
+        return self.task_head(out).view(txt_idx.shape)
 
     # -- training --------------------------------------------------------------------------------
     def forward(self, batch: VLBatch, step: int = 0, micro_step: int | None = None) -> LossOutput:
@@ -355,7 +351,7 @@ class Retrieval(Task):
     def _encode(self, batch: VLBatch) -> tuple[Encoded, Encoded]:
         return self.model.encode_text(batch), self.model.encode_image(batch)
 
-    def _vilbert_loss(self, batch: VLBatch, generator: torch.Generator) -> tuple[Tensor, dict[str, Any]]:
+    def _multiple_choice_loss(self, batch: VLBatch, generator: torch.Generator) -> tuple[Tensor, dict[str, Any]]:
         allowed = _other_image(batch)
         rows = torch.arange(batch.batch_size)
         random_caption, random_image = _sample(allowed, 2, generator).unbind(1)
@@ -366,7 +362,7 @@ class Retrieval(Task):
         scores = self._rank_scores(*self._encode(batch), txt_idx.to(dev), img_idx.to(dev))
         return self._choice_loss(scores)
 
-    def _meter_loss(self, batch: VLBatch, generator: torch.Generator) -> tuple[Tensor, dict[str, Any]]:
+    def _softmax_loss(self, batch: VLBatch, generator: torch.Generator) -> tuple[Tensor, dict[str, Any]]:
         allowed = _other_image(batch)
         rows = torch.arange(batch.batch_size)[:, None]
         negatives = _sample(allowed, self.num_negatives, generator)
@@ -381,7 +377,7 @@ class Retrieval(Task):
         return F.cross_entropy(scores, target), {"acc": (scores.argmax(1) == 0).float().mean().detach(),
                                                  "options": float(scores.shape[1])}
 
-    def _uniter_loss(self, batch: VLBatch, generator: torch.Generator) -> tuple[Tensor, dict[str, Any]]:
+    def _hard_negatives_loss(self, batch: VLBatch, generator: torch.Generator) -> tuple[Tensor, dict[str, Any]]:
         allowed = _other_image(batch)
         dev = batch.device
         n = min(self.negative_size, int(allowed.sum(1).min()))

@@ -1,10 +1,6 @@
 """SNLI-VE: is the hypothesis entailed by, neutral to or contradicted by the image? A 3-way classifier
-on the family's joint vector; accuracy.
-
-Heads (official keys): ViLBERT ``vil_tri_prediction`` = Linear(joint, 3) on ``dropout(joint)``;
-UNITER ``vqa_output`` (VE subclasses its VQA model: the VQA MLP with 3 outputs); METER
-``snli_classifier`` (Linear, LN, GELU, Linear). Losses as the official codes train them: ViLBERT BCE
-on one-hot targets (mean), UNITER BCE times 3, METER cross-entropy (``loss=`` picks another).
+on the family's joint vector (its `vlkit.models.heads.JointClassifier` head) trained with the head's
+loss (``loss=`` picks another); accuracy.
 
 Label order of the head (``labels``): entailment = 0, neutral = 1, contradiction = 2 by default
 (`vlkit.data.formats.VE_LABELS`). The official codes order them differently (UNITER contradiction /
@@ -20,10 +16,9 @@ import torch
 from torch import Tensor, nn
 
 from vlkit.data.formats import VE_LABELS
-from vlkit.models.layers import init_bert_weights
 from vlkit.registry import register_task
 from vlkit.tasks.metrics import accuracy
-from vlkit.tasks.base import HeadTask, TaskData, classification_loss, classifier, label_target, most_common, split_records
+from vlkit.tasks.base import HeadTask, TaskData, classification_loss, label_target, most_common, split_records
 from vlkit.types import LossOutput, VLBatch
 
 
@@ -41,27 +36,19 @@ def _snli_ve_files(path: Any) -> list[dict]:
 
 @register_task("snli_ve")
 class SNLIVETask(HeadTask):
-    """SNLI-VE with the family's official head; targets are label names mapped through ``labels``."""
+    """SNLI-VE with the family's head; targets are label names mapped through ``labels``."""
 
     name = "snli_ve"
-    head_names = {"vilbert": "vil_tri_prediction", "uniter": "vqa_output", "meter": "snli_classifier"}
-    official_losses = {"vilbert": "bce", "uniter": "bce_instance", "meter": "ce"}
-    vilbert_task_id = 13  # vilbert_tasks.yml TASK13
 
     def __init__(self, model: nn.Module, labels: Sequence[str] = VE_LABELS, majority_label: str | None = None,
-                 loss: str | None = None, task_id: int | None = None):
-        super().__init__(model, loss, task_id)
+                 loss: str | None = None, task_id: int | None = None, head: str | None = None):
+        super().__init__(model, loss, task_id, head)
         self.label_names = [str(x) for x in labels]
         if sorted(self.label_names) != sorted(VE_LABELS):
             raise ValueError(f"task snli_ve: labels must order {', '.join(VE_LABELS)}, got {self.label_names}")
         self.label_index = {x: k for k, x in enumerate(self.label_names)}
         self.majority_label = majority_label
-        if model.family == "vilbert":
-            head = nn.Linear(model.joint_size, len(VE_LABELS))
-            init_bert_weights(head, model.config.initializer_range)
-        else:
-            head = classifier(model, len(VE_LABELS))
-        self.set_head(head)
+        self.install_head(self.head_class(head)(model, len(VE_LABELS)))
 
     def label_ids(self, batch: VLBatch) -> Tensor:
         names = self.target(batch)

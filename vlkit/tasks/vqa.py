@@ -1,9 +1,6 @@
-"""VQA: answer vocabulary by train frequency, soft scores ``min(1, n/3)``, each family's official head,
-BCE on the soft scores times the number of answers, and the official VQA accuracy.
-
-Heads (official keys): ViLBERT ``vil_prediction`` on ``dropout(h_IMG * h_CLS)``, UNITER ``vqa_output``
-on the pooled [CLS], METER ``vqa_classifier`` on ``cat(text_pool, image_pool)``; all three official
-codes train with ``BCE-with-logits(mean) * num_answers``.
+"""VQA: answer vocabulary by train frequency, soft scores ``min(1, n/3)``, the family's head on its
+joint vector (a `vlkit.models.heads.JointClassifier`), the head's loss on the soft scores (by default
+BCE-with-logits times the number of answers), and the official VQA accuracy.
 """
 from __future__ import annotations
 
@@ -15,13 +12,10 @@ import torch
 from torch import nn
 
 from vlkit.registry import register_task
-from vlkit.tasks.base import HeadTask, TaskData, classification_loss, classifier, mean, most_common, split_records
+from vlkit.tasks.base import HeadTask, TaskData, classification_loss, mean, most_common, split_records
 from vlkit.tasks.metrics import normalize_answer, vqa_accuracy, vqa_score_from_soft_targets
 from vlkit.types import LossOutput, VLBatch
 
-# --------------------------------------------------------------------------------------------
-# VQA
-# --------------------------------------------------------------------------------------------
 def _target_answer(record: Mapping[str, Any]) -> str | None:
     """The normalised answer a question counts for: its ``multiple_choice_answer``, else the most
     common normalised human answer."""
@@ -101,13 +95,11 @@ class VQATask(HeadTask):
     """
 
     name = "vqa"
-    head_names = {"vilbert": "vil_prediction", "uniter": "vqa_output", "meter": "vqa_classifier"}
-    official_losses = dict.fromkeys(head_names, "bce_instance")
-    vilbert_task_id = 1  # vilbert_tasks.yml TASK1
 
     def __init__(self, model: nn.Module, answers: Sequence[str] | None = None, num_answers: int | None = None,
-                 majority_answer: str | None = None, loss: str | None = None, task_id: int | None = None):
-        super().__init__(model, loss, task_id)
+                 majority_answer: str | None = None, loss: str | None = None, task_id: int | None = None,
+                 head: str | None = None):
+        super().__init__(model, loss, task_id, head)
         if answers is not None:
             answers = [str(a) for a in answers]
             if num_answers is not None and num_answers != len(answers):
@@ -117,7 +109,7 @@ class VQATask(HeadTask):
             raise ValueError("task vqa: give the answer vocabulary (answers=) or its size (num_answers=)")
         self.answers, self.num_answers = answers, int(num_answers)
         self.majority_answer = majority_answer if majority_answer is not None else (answers[0] if answers else None)
-        self.set_head(classifier(model, self.num_answers))
+        self.install_head(self.head_class(head)(model, self.num_answers))
 
     def forward(self, batch: VLBatch, step: int = 0, micro_step: int | None = None) -> LossOutput:
         soft = self.target(batch, "soft_targets")

@@ -9,7 +9,6 @@ leaves the previous checkpoints untouched; ``latest`` names the newest one.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -23,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vlkit.io import atomic_write_text
+from vlkit.io import atomic_write_text, sha256_file
 
 WEIGHTS = "model.safetensors"
 STATE = "trainer_state.json"
@@ -77,11 +76,7 @@ def latest_checkpoint(root: str | os.PathLike) -> Path | None:
 
 
 def _digest(path: Path) -> dict[str, Any]:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return {"bytes": path.stat().st_size, "sha256": h.hexdigest()}
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def _fsync(path: Path) -> None:

@@ -1,4 +1,4 @@
-"""`vlkit pretrain | finetune | evaluate`: Hydra apps over ``vlkit/conf/{pretrain,finetune,evaluate}.yaml``.
+"""`vlkit pretrain | finetune | evaluate`: Hydra apps over ``conf/{pretrain,finetune,evaluate}.yaml``.
 
 Every command accepts ``model=``, ``model.preset=``, ``objectives=``, ``data=``, ``task=``,
 ``trainer.max_steps=``, ``trainer.seed=``, ``trainer.output_dir=`` and ``resume=``; every training
@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from vlkit.models.base import CONFIG_NAME
 from vlkit.train import pipeline
 
 
@@ -17,7 +18,7 @@ def _announce(what: str, payload: dict) -> None:
 
 
 def pretrain(cfg) -> int:
-    """Pre-train ``model`` on ``data`` with the objective mix ``objectives``."""
+    """Pre-train ``model`` on ``data`` with the objective mix ``objectives`` (default: the family's own)."""
     from accelerate.utils import set_seed
 
     seed = cfg.trainer.seed
@@ -25,7 +26,7 @@ def pretrain(cfg) -> int:
     set_seed(seed)  # after the environment: a first feature extraction draws from the global RNG
     model = pipeline.build_run_model(env, cfg.model, cfg.get("init"))
     trainer_cfg = pipeline.plain(cfg.trainer) | {"resume": bool(cfg.resume)}
-    _, result = pipeline.pretrain_model(env, model, cfg.objectives, trainer_cfg, cfg.trainer.output_dir, seed)
+    _, result = pipeline.pretrain_model(env, model, cfg.get("objectives"), trainer_cfg, cfg.trainer.output_dir, seed)
     last = result.history[-1] if result.history else {}
     _announce("pretrain", {"output_dir": cfg.trainer.output_dir, "steps": result.step, "last": last})
     return 0
@@ -36,7 +37,9 @@ def finetune(cfg) -> int:
     from accelerate.utils import set_seed
 
     if cfg.task.name is None:
-        raise ValueError("vlkit finetune needs a task: task=vqa | retrieval | nlvr2 | refexp | snli_ve")
+        from vlkit.registry import TASKS
+
+        raise ValueError(f"vlkit finetune needs a task: task={' | '.join(TASKS.names())}")
     seed = cfg.trainer.seed
     env = pipeline.prepare_environment(cfg.model, cfg.data, cfg.get("cache_dir"))
     set_seed(seed)  # after the environment: a first feature extraction draws from the global RNG
@@ -63,11 +66,14 @@ def evaluate(cfg) -> int:
         raise FileNotFoundError(f"{info_path} is missing: checkpoint= must name a vlkit pretrain or finetune output_dir")
     info = json.loads(info_path.read_text())
     model_dir = directory / "model"
-    model_cfg = {"name": info["family"]}
+    saved = json.loads((model_dir / CONFIG_NAME).read_text())  # the run's model config: its input geometry
+    model_cfg = {"name": saved["family"], **saved["config"]}
     env = pipeline.prepare_environment(model_cfg, info["data"], cfg.get("cache_dir"))
     if info["kind"] == "finetune":
         task_cfg = info["task_cfg"]
         model = pipeline.from_pretrained(model_dir)
+        if info.get("pretraining"):  # a task that kept pre-training heads (retrieval's ITM head)
+            model = pipeline.rebuild_pretraining(model, info["pretraining"])
         task = build_task(info["task"], model, **info["options"])
         load_model(task, str(directory / pipeline.TASK_WEIGHTS), strict=True)
     else:

@@ -3,8 +3,8 @@
 Groups: the pre-trained unimodal towers (``model.encoder_prefixes``) train at ``lr``, the rest of
 the model (cross-modal layers, poolers, embeddings) at ``lr * lr_mult`` and the training module's
 own parameters (objective / task heads) at ``lr * lr_mult_head``. Weight decay is switched off by
-the family's name rule (`NO_DECAY`) or, with ``no_decay="norms"``, for every bias and every
-normalisation-layer parameter.
+a parameter-name rule of the official codes (`NO_DECAY`) or, with ``no_decay="norms"``, for every bias
+and every normalisation-layer parameter.
 """
 from __future__ import annotations
 
@@ -15,15 +15,13 @@ from typing import Sequence
 import torch
 from torch import nn
 
-# Substrings that exempt a parameter from weight decay, as in the official code.
+# Substrings that exempt a parameter from weight decay, as in the official codes.
 NO_DECAY = {
-    # UNITER optim/misc.py and train_vqa.py
-    "uniter": ("bias", "LayerNorm.bias", "LayerNorm.weight"),
-    # ViLBERT train_concap.py / train_tasks.py
-    "vilbert": ("bias", "LayerNorm.bias", "LayerNorm.weight"),
-    # METER meter/modules/meter_utils.py set_schedule
-    "meter": ("bias", "LayerNorm.bias", "LayerNorm.weight", "norm.bias", "norm.weight", "norm1.bias",
-              "norm1.weight", "norm2.bias", "norm2.weight"),
+    # BERT's names: biases and LayerNorm (UNITER optim/misc.py, ViLBERT train_concap.py / train_tasks.py)
+    "bert": ("bias", "LayerNorm.bias", "LayerNorm.weight"),
+    # plus timm's norm layers (METER meter/modules/meter_utils.py set_schedule)
+    "bert_timm": ("bias", "LayerNorm.bias", "LayerNorm.weight", "norm.bias", "norm.weight", "norm1.bias",
+                  "norm1.weight", "norm2.bias", "norm2.weight"),
 }
 NO_DECAY_RULES = (*NO_DECAY, "norms")
 SCHEDULES = ("linear", "polynomial", "constant")
@@ -52,7 +50,7 @@ def _under(name: str, prefixes: Sequence[str]) -> bool:
 
 
 def param_groups(module: nn.Module, lr: float, weight_decay: float, lr_mult: float = 1.0,
-                 lr_mult_head: float | None = None, no_decay: str = "uniter") -> list[dict]:
+                 lr_mult_head: float | None = None, no_decay: str = "bert") -> list[dict]:
     """AdamW parameter groups of a training module (see the module docstring).
 
     ``module.model`` (a `VLModel`) names its towers in ``encoder_prefixes``; a module without a
@@ -85,7 +83,7 @@ def param_groups(module: nn.Module, lr: float, weight_decay: float, lr_mult: flo
 
 def build_optimizer(module: nn.Module, lr: float, betas: Sequence[float] = (0.9, 0.98), eps: float = 1e-8,
                     weight_decay: float = 0.01, lr_mult: float = 1.0, lr_mult_head: float | None = None,
-                    no_decay: str = "uniter") -> torch.optim.AdamW:
+                    no_decay: str = "bert") -> torch.optim.AdamW:
     """`torch.optim.AdamW` over `param_groups` (decoupled weight decay, bias-corrected)."""
     groups = param_groups(module, lr, weight_decay, lr_mult, lr_mult_head, no_decay)
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)

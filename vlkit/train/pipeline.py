@@ -6,7 +6,6 @@ so a comparison runs exactly what the single commands run.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -47,15 +46,6 @@ def shapes_feature_store(world: Any, directory: Path, progress: bool = True) -> 
     return path
 
 
-def file_digest(path: str | Path) -> str:
-    """sha256 of a file (feature stores in manifests)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 @dataclass
 class Environment:
     """The data side of a run, resolved for one model family: the data config (with the image
@@ -69,7 +59,8 @@ class Environment:
 
     def model_overrides(self, model_cfg: Mapping[str, Any]) -> dict[str, Any]:
         """Sizes the data decides: the tokenizer's vocabulary (unless a pre-trained text tower is
-        named) and the feature store's feature / class dimensions."""
+        named) and the feature store's feature / class dimensions. A model key set explicitly keeps its
+        value when the data allows it (a vocabulary at least the tokenizer's); a conflict is an error."""
         name, _, overrides = split_model_config(model_cfg)
         out: dict[str, Any] = {}
         if not overrides.get("text_pretrained"):
@@ -79,6 +70,11 @@ class Environment:
             out["v_feature_size"] = store.feature_dim
             if store.num_classes:
                 out["v_target_size"] = store.num_classes
+        for key, value in out.items():
+            given = overrides.get(key)
+            if given is not None and (given < value if key == "vocab_size" else given != value):
+                source = "the tokenizer has" if key == "vocab_size" else "the feature store gives"
+                raise ValueError(f"model.{key}={given} conflicts with the data: {source} {value}")
         return {k: v for k, v in out.items() if k not in overrides}
 
 
@@ -104,9 +100,12 @@ def prepare_environment(model_cfg: Mapping[str, Any], data_cfg: Mapping[str, Any
     if cls.image_input == "pixels":
         if image.get("source") == "features":
             raise ValueError(f"data.image.source=features gives region features; {name} takes pixels")
-        image.setdefault("size", None)
-        image["size"] = image["size"] or config.image_size
-        image["patch_size"] = config.patch_size
+        for key, field in (("size", "image_size"), ("patch_size", "patch_size")):
+            value = getattr(config, field)
+            if image.get(key) is not None and image[key] != value:
+                raise ValueError(f"data.image.{key}={image[key]} conflicts with model.{field}={value}: set one of them "
+                                 f"(or both to the same value)")
+            image[key] = value
     elif image.get("source") != "features":
         raise ValueError(f"{name} takes region features: set data.image.source=features and data.image.path")
     tokenizer = build_tokenizer(data.get("tokenizer", "shapes"))
@@ -149,14 +148,20 @@ def load_pretraining(directory: str | Path, model: VLModel | None = None):
     """The `Pretraining` module (model + objective heads) saved by a pre-training run."""
     from safetensors.torch import load_model
 
-    from vlkit.objectives import build_pretraining
-
     directory = Path(directory)
     info = json.loads((directory / RUN_INFO).read_text())
     model = model or from_pretrained(directory / "model")
-    pre = build_pretraining(model, info["objectives"], seed=info.get("seed"))
-    _fit_tokenizers(pre, None)
+    pre = rebuild_pretraining(model, {"objectives": info["objectives"], "seed": info.get("seed")})
     load_model(pre, str(directory / PRETRAINING_WEIGHTS), strict=True)
+    return pre
+
+
+def rebuild_pretraining(model: VLModel, recorded: Mapping[str, Any]):
+    """A `Pretraining` module of the recorded ``{objectives, seed}`` around ``model``, its weights to be loaded."""
+    from vlkit.objectives import build_pretraining
+
+    pre = build_pretraining(model, recorded["objectives"], seed=recorded.get("seed"))
+    _fit_tokenizers(pre, None)
     return pre
 
 
@@ -197,13 +202,23 @@ def _fit(module: torch.nn.Module, dataset: Any, collate: Any, trainer_cfg: Any, 
     return trainer.fit(loader if seen is None else RecordingLoader(loader, seen))
 
 
+def family_mix(model: VLModel, mix: Any = None) -> Any:
+    """``mix``, or the model family's own pre-training mix (``default_mix``) when it is None."""
+    mix = plain(mix)
+    if mix is None:
+        mix = plain(type(model).default_mix)
+        if mix is None:
+            raise ValueError(f"{model.family} declares no default objective mix: choose one with objectives=<preset>")
+    return mix
+
+
 def pretrain_model(env: Environment, model: VLModel, mix: Any, trainer_cfg: Any, output_dir: str | Path,
                    seed: int = 0, seen: list[str] | None = None):
-    """Pre-train ``model`` on ``env``'s pairs with objective mix ``mix``; returns (module, TrainResult).
-    ``seen`` (a list) receives the id of every training example in the order it was used."""
+    """Pre-train ``model`` on ``env``'s pairs with objective mix ``mix`` (None: the family's own); returns
+    (module, TrainResult). ``seen`` (a list) receives the id of every training example in the order it was used."""
     from vlkit.objectives import build_pretraining
 
-    mix = plain(mix)
+    mix = family_mix(model, mix)
     pre = build_pretraining(model, mix, tokenizer=env.tokenizer, seed=seed)
     dataset = pretraining_dataset(env)
     _fit_tokenizers(pre, dataset)
@@ -230,14 +245,19 @@ def finetune_task(env: Environment, model: Any, task_cfg: Mapping[str, Any], tra
     cls = TASKS.get(name)
     data = cls.build_data(task_cfg, env.tokenizer, env.image_source, env.world)
     options = {**data.options, **(task_cfg.get("options") or {})}
-    if isinstance(model, Pretraining) and not cls.from_pretraining:
-        model = model.model
+    pretraining = None
+    if isinstance(model, Pretraining):
+        if cls.from_pretraining:  # the task keeps some of its heads: recorded to rebuild it for evaluation
+            pretraining = {"objectives": model.mix, "seed": model.seed}
+        else:
+            model = model.model
     task = build_task(name, model, **options)
     collate = data.collate or data.train.collator()
     result = _fit(task, data.train, collate, trainer_cfg, output_dir, seed, seen, getattr(data.train, "lengths", None))
     metrics = evaluate_task(task, data, eval_splits, task_cfg.get("eval_batch_size", 64))
     info = {"kind": "finetune", "task": name, "family": task.model.family, "options": _jsonable(options),
-            "seed": seed, "data": env.data, "task_cfg": task_cfg, "steps": result.step, "metrics": metrics}
+            "seed": seed, "data": env.data, "task_cfg": task_cfg, "steps": result.step, "metrics": metrics,
+            "pretraining": pretraining}
     save_run(Path(output_dir), task, info)
     return task, data, result, metrics
 

@@ -38,7 +38,7 @@ CHECKPOINTS = "checkpoints"
 
 @dataclass
 class TrainerConfig:
-    """Mirrored by ``vlkit/conf/trainer/default.yaml``; official recipes in `TRAINER_PRESETS`."""
+    """Mirrored by ``conf/trainer/default.yaml``; each family's official recipe in `trainer_presets`."""
 
     max_steps: int = 1000
     seed: int = 42
@@ -48,7 +48,7 @@ class TrainerConfig:
     lr_mult: float = 1.0
     lr_mult_head: Optional[float] = None  # None: same as lr_mult
     weight_decay: float = 0.01
-    no_decay: str = "uniter"  # uniter | vilbert | meter (official name rules) | norms (biases + norm layers)
+    no_decay: str = "bert"  # bert | bert_timm (official name rules) | norms (biases + norm layers)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-8
     # schedule: linear warm-up, then linear | polynomial (power, down to end_lr) | constant
@@ -103,9 +103,11 @@ class TrainerConfig:
 
     @classmethod
     def from_preset(cls, preset: str, **overrides: Any) -> "TrainerConfig":
-        if preset not in TRAINER_PRESETS:
-            raise KeyError(f"unknown trainer preset {preset!r}; presets: {', '.join(TRAINER_PRESETS)}")
-        return cls.from_cfg({**TRAINER_PRESETS[preset], **overrides})
+        """A family's official recipe (``VLModel.trainer_preset``) with ``overrides``."""
+        presets = trainer_presets()
+        if preset not in presets:
+            raise KeyError(f"unknown trainer preset {preset!r}; presets: {', '.join(presets)}")
+        return cls.from_cfg({**presets[preset], **overrides})
 
     @classmethod
     def from_cfg(cls, cfg: Any = None, **overrides: Any) -> "TrainerConfig":
@@ -119,28 +121,20 @@ class TrainerConfig:
         return dataclasses.asdict(self)
 
 
-# Official optimisation recipes (pre-training); batch and accumulation depend on the hardware.
-TRAINER_PRESETS: dict[str, dict[str, Any]] = {
-    # UNITER config/pretrain-*-base-8gpu.json, optim/misc.py (AdamW eps 1e-6), optim/sched.py
-    "uniter": dict(max_steps=200000, lr=5e-5, betas=[0.9, 0.98], eps=1e-6, weight_decay=0.01, no_decay="uniter",
-                   warmup=10000, schedule="linear", schedule_offset=1, grad_clip=5.0, batching="units",
-                   max_units=10240, bucket_size=8192, size_multiple=8),
-    # METER meter/config.py task_mlm_itm_clip_bert, meter_utils.set_schedule (no gradient clipping)
-    "meter": dict(max_steps=100000, lr=1e-5, lr_mult=5.0, lr_mult_head=5.0, betas=[0.9, 0.98], eps=1e-8,
-                  weight_decay=0.01, no_decay="meter", warmup=0.1, schedule="polynomial", power=1.0, end_lr=0.0,
-                  schedule_offset=0, grad_clip=0.0, batching="fixed"),
-    # ViLBERT train_concap.py (AdamW, WarmupLinearSchedule stepped before the optimizer, no clipping)
-    "vilbert": dict(lr=1e-4, betas=[0.9, 0.98], eps=1e-8, weight_decay=0.01, no_decay="vilbert", warmup=0.1,
-                    schedule="linear", schedule_offset=1, grad_clip=0.0, batching="fixed", batch_size=512),
-}
+def trainer_presets() -> dict[str, dict[str, Any]]:
+    """Each registered family's official pre-training recipe (``VLModel.trainer_preset``); batch and
+    accumulation depend on the hardware."""
+    from vlkit.registry import MODELS
+
+    return {name: dict(MODELS.get(name).trainer_preset) for name in MODELS.names() if MODELS.get(name).trainer_preset}
 
 
 def register_hydra_configs() -> None:
-    """Store each preset in Hydra's ConfigStore as ``trainer/<preset>`` (``trainer=meter``)."""
+    """Store each family's recipe in Hydra's ConfigStore as ``trainer/<family>`` (``trainer=meter``)."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
-    for name in TRAINER_PRESETS:
+    for name in trainer_presets():
         store.store(group="trainer", name=name, node=TrainerConfig.from_preset(name))
 
 
@@ -232,7 +226,7 @@ class Trainer:
             self.log.warning("trainer.mixed_precision=%s is not available on %s: training in fp32",
                              self.cfg.mixed_precision, self.accelerator.device)
         model = getattr(module, "model", module)
-        self._patch_size = getattr(getattr(model, "config", None), "patch_size", None)
+        self._patch_size = getattr(model, "patch_size", None)
         self._model: nn.Module | None = None
 
     @property
@@ -453,5 +447,5 @@ def read_metrics(output_dir: str | Path) -> list[dict[str, Any]]:
     return read_jsonl(Path(output_dir) / METRICS_FILE)
 
 
-__all__ = ["TrainerConfig", "TRAINER_PRESETS", "Trainer", "TrainResult", "NonFiniteLossError", "preserved_rng",
+__all__ = ["TrainerConfig", "trainer_presets", "Trainer", "TrainResult", "NonFiniteLossError", "preserved_rng",
            "register_hydra_configs", "trainer_config", "read_metrics"]

@@ -1,0 +1,81 @@
+"""A comparison's configuration: its runs (`RunSpec`), the resolved config (or a manifest's), each run's
+objective mix and task configs."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vlkit.train import pipeline
+
+
+@dataclass
+class RunSpec:
+    """One contestant: a model, an objective mix (None: no pre-training) and its overrides."""
+
+    name: str
+    model: dict[str, Any]
+    objectives: Any = None
+    mix: dict[str, Any] = field(default_factory=dict)  # overrides of the mix (masking, sampling ...)
+    trainer: dict[str, Any] = field(default_factory=dict)  # overrides of the pre-training trainer
+    baseline: bool = True  # also fine-tune the same model without pre-training
+    task_overrides: dict[str, Any] = field(default_factory=dict)  # task -> config overrides for this run only
+
+    @property
+    def family(self) -> str:
+        return self.model["name"]
+
+
+def resolve_config(cfg: Any) -> dict[str, Any]:
+    """The comparison as plain data: from ``manifest=`` when given, else the composed config."""
+    cfg = pipeline.plain(cfg)
+    if cfg.get("manifest"):
+        manifest = json.loads(Path(cfg["manifest"]).read_text())
+        resolved = manifest["config"]
+        resolved["output_dir"] = cfg.get("output_dir")
+        resolved["expected_data_hash"] = manifest["data"]["hash"]
+        return resolved
+    return cfg
+
+
+def run_specs(compare: dict[str, Any]) -> list[RunSpec]:
+    specs = []
+    for entry in compare["runs"]:
+        entry = dict(entry)
+        if "name" not in entry or "model" not in entry:
+            raise KeyError(f"compare.runs entry {entry} needs 'name' and 'model'")
+        model = entry.pop("model")
+        model = {"name": model} if isinstance(model, str) else dict(model)
+        entry.setdefault("baseline", compare.get("baseline", True))
+        unknown = set(entry) - {"name", "objectives", "mix", "trainer", "baseline", "task_overrides"}
+        if unknown:
+            raise KeyError(f"compare.runs[{entry['name']}]: unknown key(s) {', '.join(sorted(unknown))}")
+        specs.append(RunSpec(model=model, **entry))
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"compare.runs: run names must be unique, got {names}")
+    return specs
+
+
+def objective_mix(spec: RunSpec) -> dict[str, Any] | None:
+    from vlkit.objectives import load_mix
+
+    if spec.objectives is None:
+        return None
+    mix = load_mix(spec.objectives)
+    mix.update(spec.mix)
+    return mix
+
+
+def task_cfg(compare: dict[str, Any], name: str, spec: RunSpec | None = None) -> dict[str, Any]:
+    """The config of task ``name``: ``conf/task/<name>.yaml``, then the comparison's ``task_overrides``,
+    then the run's own ``task_overrides`` (e.g. ``{retrieval: {options: {num_negatives: 3}}}``)."""
+    from omegaconf import OmegaConf
+
+    from vlkit.cli import CONF_DIR
+
+    layers = [(compare.get("task_overrides") or {}).get(name) or {}]
+    if spec is not None:
+        layers.append((spec.task_overrides or {}).get(name) or {})
+    return pipeline.plain(OmegaConf.merge(OmegaConf.load(CONF_DIR / "task" / f"{name}.yaml"), *layers))
