@@ -35,12 +35,17 @@ def test_outputs_are_complete(smoke):
     for r in records:
         assert {"family", "preset", "objectives", "seed", "vqa", "ir_r1", "tr_r1", "nlvr2", "params", "wall_s"} <= set(r)
         assert 0.0 <= r["vqa"] <= 1.0
+        assert r["ir_r1_chance"] == pytest.approx(1 / 12)  # 12 held-out images, sized apart from the training world
+    pretrained = [r for r in records if r["variant"] == "pretrained"]
+    assert all(0.0 <= r["itm_acc"] <= 1.0 and r["objectives"].endswith("+itc") for r in pretrained)
     assert {r["family"] for r in records if "refexp" in r} == {"vilbert", "uniter"}  # METER: no region head
     assert all("zs_ir_r1" in r for r in records if r["variant"] == "pretrained")
     with open(out / "results.csv") as f:
         assert len(list(csv.DictReader(f))) == len(records)
     table = (out / "results.md").read_text()
-    assert "| run | variant | vqa" in table and "| meter | scratch |" in table
+    assert "| run | variant | itm_acc | vqa" in table and "| meter | scratch |" in table
+    assert "## Pre-training vs scratch" in table and "## Contestants against each other" in table
+    assert json.loads((out / "results.json").read_text())["chance"]["itm_acc"] == 0.5
     manifest = json.loads((out / "manifest.json").read_text())
     assert {"config", "seeds", "data", "ids_seen", "feature_store", "packages", "git_commit"} <= set(manifest)
     assert manifest["feature_store"]["sha256"] and manifest["packages"]["torch"]
@@ -72,36 +77,22 @@ def test_output_dir_is_never_overwritten(smoke):
         main(["compare", "compare=smoke", f"output_dir={smoke / 'first'}"])
 
 
-@pytest.mark.parametrize("preset", ["default", "smoke", "masking", "objectives", "fusion", "mim"])
+@pytest.mark.parametrize("preset", ["default", "smoke", "masking", "objectives", "fusion", "mim", "claims"])
 def test_every_shipped_comparison_builds_its_runs(preset):
     """Each run of each shipped comparison composes, loads its objective mix and builds its model and
     pre-training module (a typo in a preset fails here, not an hour into a comparison)."""
     import vlkit
     from vlkit.cli import compose
     from vlkit.compare import objective_mix, resolve_config, run_specs
+    from vlkit.compare.claims import check_claims
 
     cfg = resolve_config(compose("compare", [f"compare={preset}"]))
     specs = run_specs(cfg["compare"])
     assert specs and len({s.name for s in specs}) == len(specs)
+    check_claims(cfg["compare"].get("claims") or [], [s.name for s in specs])
     for spec in specs:
         model = vlkit.build_model(dict(spec.model))
         mix = objective_mix(spec)
         if mix is not None:
             pre = vlkit.build_pretraining(model, mix)
             assert set(pre.objectives) >= set(mix["objectives"]) - {"wra"}
-
-
-def test_confidence_intervals_and_significance_marks():
-    import math
-
-    from vlkit.compare import mean_ci, paired_p_value
-    from vlkit.compare.report import _cell
-
-    mean, ci = mean_ci([0.40, 0.44, 0.48])
-    assert mean == pytest.approx(0.44) and ci == pytest.approx(4.302653 * 0.04 / math.sqrt(3), rel=1e-5)
-    assert math.isnan(mean_ci([0.5])[1])
-    assert paired_p_value([0.5, 0.6, 0.7], [0.4, 0.45, 0.62]) == pytest.approx(0.0340, abs=1e-4)  # d = .1 .15 .08
-    assert math.isnan(paired_p_value([0.5], [0.4]))  # one seed: no test
-    assert math.isnan(paired_p_value([0.5, 0.6], [0.4, 0.5]))  # no spread in the differences: undefined
-    assert _cell({"mean": 0.5, "ci95": 0.01, "vs_scratch_p": 0.01}) == "50.0 ± 1.0"
-    assert _cell({"mean": 0.5, "ci95": 0.01, "vs_scratch_p": float("nan")}).endswith("†")

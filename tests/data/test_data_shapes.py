@@ -163,20 +163,25 @@ def test_every_refexp_box_is_its_objects_box(world, reader):
     assert n_refs >= NUM_IMAGES
 
 
-def test_captions_are_five_distinct_true_sentences(world, reader):
+def test_captions_name_every_object_by_colour_and_kind(world, reader):
+    other_fits = checked = 0
     for i in range(NUM_IMAGES):
         caps = world.captions(i)
         scene = world.scene(i)
-        assert len(caps) == len(set(caps)) == 5
+        assert len(caps) == 5
+        expected = sorted(f"{o.color} {o.kind}" for o in scene.objects)
         for cap in caps:
-            # every "a/an [size] [color] kind" a caption mentions exists in the scene
-            for m in re.finditer(r"\b(?:a|an) ((?:(?:small|medium|large) )?(?:\w+ )?(?:circle|square|triangle|diamond|cross))\b", cap):
-                size, color, kind, _ = reader.parse_phrase(m.group(1))
-                assert reader.matching(scene, size, color, kind), f"{cap!r} is false of scene {i}"
-            if m := re.match(r"(?:an image with )?(\w+) shapes?", cap):
-                words = ("one", "two", "three", "four", "five")
-                if m.group(1) in words:
-                    assert words.index(m.group(1)) + 1 == len(scene.objects)
+            named = re.findall(r"\b(?:a|an) (\w+ (?:circle|square|triangle|diamond|cross))\b", cap)
+            assert sorted(named) == expected, f"{cap!r} does not list scene {i}"
+            for m in named:
+                _, color, kind, _ = reader.parse_phrase(m)
+                assert reader.matching(scene, None, color, kind)
+        # a caption is (almost) never true of another image: the multiset of colour + kind differs
+        for j in range(NUM_IMAGES):
+            if j != i:
+                checked += 1
+                other_fits += sorted(f"{o.color} {o.kind}" for o in world.scene(j).objects) == expected
+    assert other_fits / checked < 0.01
 
 
 def test_nlvr2_pairs_and_balanced_labels(reader):
@@ -234,7 +239,8 @@ def test_tokenizer_covers_every_generated_text(world):
 # ---- files on disk --------------------------------------------------------------------------
 def test_written_files_and_manifest(shapes_dir, world):
     manifest = json.loads((shapes_dir / FILES["manifest"]).read_text())
-    assert manifest["complete"] and manifest["params"] == {"seed": 0, "num_images": NUM_IMAGES, "image_size": 128}
+    assert manifest["complete"] and manifest["params"] == {"seed": 0, "num_images": NUM_IMAGES, "image_size": 128,
+                                                        "split_sizes": list(world.split_sizes)}
     for rel, digest in manifest["files"].items():
         assert hashlib.sha256((shapes_dir / rel).read_bytes()).hexdigest() == digest
     written = {str(p.relative_to(shapes_dir)) for p in shapes_dir.rglob("*") if p.is_file()}
@@ -302,3 +308,14 @@ def test_other_params_refuse_to_overwrite(tmp_path):
     with pytest.raises(ValueError, match=r"manifest\.json.*seed"):
         write_shapes(ShapesWorld(seed=1, num_images=12), out)
     assert _tree_bytes(out) == before
+
+
+def test_evaluation_splits_sized_on_their_own():
+    world = ShapesWorld(seed=0, num_images=30, val_images=12)
+    assert world.num_images == 42 and len(world.indices("train")) == 30
+    assert list(world.indices("val")) == list(range(30, 42)) and len(world.indices("test")) == 0
+    assert world.split(35) == "val" and "val_images=12" in repr(world)
+    # the training images are the same scenes as in a world without the evaluation images
+    assert all(world.captions(i) == ShapesWorld(seed=0, num_images=30).captions(i) for i in (0, 7, 29))
+    with pytest.raises(ValueError, match="val_images"):
+        ShapesWorld(seed=0, num_images=30, val_images=-1)

@@ -22,6 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from vlkit.compare.claims import check_claims
 from vlkit.compare.config import RunSpec, objective_mix, resolve_config, run_specs, task_cfg
 from vlkit.compare.statistics import HEADLINE, mean_ci, paired_p_value, summarize
 from vlkit.compare.scheduling import Comparison, digest
@@ -46,8 +47,9 @@ def main(cfg: Any) -> int:
     torch.set_num_threads(threads)
     start = time.perf_counter()
     comparison = Comparison(cfg, output_dir, progress=cfg.get("progress", True))
-    comparison.say(f"{len(comparison.specs)} run(s) x {len(cfg['compare']['seeds'])} seed(s) on {workers} worker(s) "
-                   f"x {threads} thread(s)")
+    check_claims(cfg["compare"].get("claims") or [], [s.name for s in comparison.specs])
+    comparison.say(f"{len(comparison.specs)} run(s) x {len(cfg['compare']['seeds'])} seed(s) = "
+                   f"{len(comparison.all_units())} units of work on {workers} worker(s) x {threads} thread(s)")
     records = comparison.run(workers, threads)
     wall = time.perf_counter() - start
     audit = comparison.audit
@@ -64,7 +66,8 @@ def main(cfg: Any) -> int:
                   if env.data["image"].get("source") == "features"), None)
     write_manifest(output_dir, cfg, audit, store, wall)
     table = write_outputs(output_dir, cfg, records, audit, comparison.curves, wall)
-    print(f"\n{table}\n\nwall time {wall:.0f} s; results in {output_dir}")
+    print(f"\n{table}\n\nwall time {wall:.0f} s; results in {output_dir} (tests, chance levels and verdicts: "
+          f"{output_dir / 'results.md'})")
     return 0
 
 

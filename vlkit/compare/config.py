@@ -21,6 +21,8 @@ class RunSpec:
     trainer: dict[str, Any] = field(default_factory=dict)  # overrides of the pre-training trainer
     baseline: bool = True  # also fine-tune the same model without pre-training
     task_overrides: dict[str, Any] = field(default_factory=dict)  # task -> config overrides for this run only
+    tasks: list[str] | None = None  # a subset of the comparison's tasks for this run (None: all of them)
+    add_objectives: dict[str, Any] = field(default_factory=dict)  # compare.add_objectives, for every mix
 
     @property
     def family(self) -> str:
@@ -48,10 +50,14 @@ def run_specs(compare: dict[str, Any]) -> list[RunSpec]:
         model = entry.pop("model")
         model = {"name": model} if isinstance(model, str) else dict(model)
         entry.setdefault("baseline", compare.get("baseline", True))
-        unknown = set(entry) - {"name", "objectives", "mix", "trainer", "baseline", "task_overrides"}
+        unknown = set(entry) - {"name", "objectives", "mix", "trainer", "baseline", "task_overrides", "tasks"}
         if unknown:
             raise KeyError(f"compare.runs[{entry['name']}]: unknown key(s) {', '.join(sorted(unknown))}")
-        specs.append(RunSpec(model=model, **entry))
+        extra = set(entry.get("tasks") or []) - set(compare["tasks"])
+        if extra:
+            raise KeyError(f"compare.runs[{entry['name']}]: tasks {sorted(extra)} are not among compare.tasks "
+                           f"{list(compare['tasks'])}")
+        specs.append(RunSpec(model=model, add_objectives=dict(compare.get("add_objectives") or {}), **entry))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ValueError(f"compare.runs: run names must be unique, got {names}")
@@ -59,13 +65,26 @@ def run_specs(compare: dict[str, Any]) -> list[RunSpec]:
 
 
 def objective_mix(spec: RunSpec) -> dict[str, Any] | None:
+    """The run's objective mix: its preset, its ``mix:`` overrides, then the comparison's
+    ``add_objectives`` (the same extra objectives for every contestant, e.g. ``itc``)."""
     from vlkit.objectives import load_mix
 
     if spec.objectives is None:
         return None
     mix = load_mix(spec.objectives)
     mix.update(spec.mix)
+    clash = set(spec.add_objectives) & set(mix["objectives"])
+    if clash:
+        raise KeyError(f"compare.add_objectives: {sorted(clash)} already in the mix of run {spec.name!r}")
+    mix["objectives"] = {**mix["objectives"], **spec.add_objectives}
     return mix
+
+
+def mix_label(spec: RunSpec) -> str | None:
+    """How the results name a run's pre-training: the preset plus the comparison's added objectives."""
+    if spec.objectives is None:
+        return None
+    return "+".join([str(spec.objectives), *spec.add_objectives])
 
 
 def task_cfg(compare: dict[str, Any], name: str, spec: RunSpec | None = None) -> dict[str, Any]:

@@ -2,14 +2,13 @@
 digest) and the environment it ran in (package versions, git commit)."""
 from __future__ import annotations
 
-import json
 import platform
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from vlkit.compare.report import json_default
+from vlkit.compare.report import dump_json
 from vlkit.io import atomic_write_text, sha256_file
 
 PACKAGES = ("torch", "torchvision", "transformers", "timm", "accelerate", "hydra-core", "datasets", "h5py", "pot",
@@ -54,5 +53,5 @@ def write_manifest(output_dir: Path, cfg: dict[str, Any], audit: dict[str, Any],
         "command": " ".join(sys.argv),
         "wall_s": wall,
     }
-    atomic_write_text(output_dir / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True, default=json_default))
+    atomic_write_text(output_dir / "manifest.json", dump_json(manifest))
     return manifest

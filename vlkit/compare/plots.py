@@ -1,4 +1,5 @@
-"""The plots of a comparison: metric bars with CIs, pre-training loss curves, a WRA transport plan."""
+"""The plots of a comparison: metric bars with CIs and chance lines, pre-training loss curves (one colour
+per run in every panel) and a WRA transport plan next to its image, boxes and caption."""
 from __future__ import annotations
 
 import math
@@ -7,89 +8,129 @@ from typing import Any
 
 import torch
 
-from vlkit.compare.statistics import HEADLINE
 from vlkit.train import pipeline
 
 
-def plot_results(output_dir: Path, rows: list[dict[str, Any]], columns: list[str],
-                 curves: dict[str, list[dict[str, Any]]]) -> None:
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    # metric bars with 95% CIs
-    shown = [c for c in columns if c in HEADLINE and c != "meta_sum"]
-    if shown:
-        fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(shown)), 4))
-        width = 0.8 / max(len(rows), 1)
-        for i, row in enumerate(rows):
-            means = [100 * row[c]["mean"] if c in row else 0 for c in shown]
-            errs = [100 * row[c]["ci95"] if c in row and not math.isnan(row[c]["ci95"]) else 0 for c in shown]
-            xs = [j + (i - (len(rows) - 1) / 2) * width for j in range(len(shown))]
-            ax.bar(xs, means, width, yerr=errs, capsize=2, label=f"{row['run']} ({row['variant']})",
-                   hatch="//" if row["variant"] == "scratch" else None, alpha=0.6 if row["variant"] == "scratch" else 1)
-        ax.set_xticks(range(len(shown)))
-        ax.set_xticklabels(shown)
-        ax.set_ylabel("points (mean ± 95% CI)")
-        ax.legend(fontsize=7, ncol=2)
-        ax.set_title("downstream metrics")
-        fig.tight_layout()
-        fig.savefig(output_dir / "metrics.png", dpi=120)
-        plt.close(fig)
-    # pre-training loss curves, one panel per objective
+    return plt
+
+
+def _colours(names: list[str]) -> dict[str, Any]:
+    plt = _pyplot()
+    cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    return {name: cmap(k % cmap.N) for k, name in enumerate(names)}
+
+
+def plot_metrics(path: Path, rows: list[dict[str, Any]], metrics: list[str], chance: dict[str, float]) -> None:
+    """Bars (mean, points) with 95% CIs clipped to the metric's range; a metric a row lacks gets no bar (not
+    a zero); a dashed line per metric at its chance level."""
+    plt = _pyplot()
+    shown = [m for m in metrics if m != "meta_sum"]
+    if not shown or not rows:
+        return
+    colours = _colours(list(dict.fromkeys(r["run"] for r in rows)))
+    fig, ax = plt.subplots(figsize=(max(6, 1.7 * len(shown)), 4.2))
+    width = 0.8 / len(rows)
+    for i, row in enumerate(rows):
+        xs, means, low, high = [], [], [], []
+        for j, m in enumerate(shown):
+            if m not in row:
+                continue
+            mean, ci = 100 * row[m]["mean"], 100 * row[m]["ci95"]
+            ci = 0.0 if not math.isfinite(ci) else ci
+            xs.append(j + (i - (len(rows) - 1) / 2) * width)
+            means.append(mean)
+            low.append(mean - max(0.0, mean - ci))
+            high.append(min(100.0, mean + ci) - mean)
+        scratch = row["variant"] == "scratch"
+        ax.bar(xs, means, width, yerr=[low, high], capsize=2, color=colours[row["run"]], alpha=0.45 if scratch else 1,
+               hatch="//" if scratch else None, label=f"{row['run']} ({row['variant']})")
+    for j, m in enumerate(shown):
+        if m in chance:
+            ax.hlines(100 * chance[m], j - 0.45, j + 0.45, colors="black", linestyles="dashed", linewidth=1,
+                      label="chance / trivial baseline" if j == next(k for k, x in enumerate(shown) if x in chance) else None)
+    ax.set_xticks(range(len(shown)))
+    ax.set_xticklabels(shown)
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("points (mean, 95% CI)")
+    ax.legend(fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title("downstream metrics")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_curves(path: Path, curves: dict[str, list[dict[str, Any]]]) -> None:
+    """One panel per objective's loss; every seed of a run drawn in the run's colour in every panel, one
+    legend for the figure."""
+    plt = _pyplot()
     objectives = sorted({k[: -len("/loss")] for hist in curves.values() for r in hist for k in r if k.endswith("/loss")})
-    if objectives:
-        fig, axes = plt.subplots(1, len(objectives), figsize=(3.5 * len(objectives), 3), squeeze=False)
-        for ax, name in zip(axes[0], objectives):
-            for tag, hist in curves.items():
-                points = [(r["step"], r[f"{name}/loss"]) for r in hist if f"{name}/loss" in r]
-                if points:
-                    ax.plot(*zip(*points), label=tag, linewidth=0.8)
-            ax.set_title(f"{name} loss")
-            ax.set_xlabel("step")
-        axes[0][0].legend(fontsize=6)
-        fig.tight_layout()
-        fig.savefig(output_dir / "loss_curves.png", dpi=120)
-        plt.close(fig)
+    if not objectives:
+        return
+    runs = list(dict.fromkeys(tag.split("/seed")[0] for tag in curves))
+    colours = _colours(runs)
+    fig, axes = plt.subplots(1, len(objectives), figsize=(3.4 * len(objectives), 3.2), squeeze=False)
+    for ax, name in zip(axes[0], objectives):
+        for tag, hist in curves.items():
+            points = [(r["step"], r[f"{name}/loss"]) for r in hist if f"{name}/loss" in r]
+            if points:
+                ax.plot(*zip(*points), color=colours[tag.split("/seed")[0]], linewidth=0.7, alpha=0.8)
+        ax.set_title(f"{name} loss", fontsize=9)
+        ax.set_xlabel("step")
+    handles = [plt.Line2D([], [], color=colours[r], label=r) for r in runs]
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(runs), 6), fontsize=7)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
-def _shapes_classes() -> tuple[str, ...]:
-    from vlkit.data.shapes import OBJECT_CLASSES
-
-    return ("bg",) + OBJECT_CLASSES[1:]
+def plot_results(output_dir: Path, rows: list[dict[str, Any]], metrics: list[str],
+                 curves: dict[str, list[dict[str, Any]]], chance: dict[str, float]) -> None:
+    plot_metrics(output_dir / "metrics.png", rows, metrics, chance)
+    plot_curves(output_dir / "loss_curves.png", curves)
 
 
 def plot_transport_plan(output_dir: Path, pre: Any, env: Any, image_index: int = 0) -> Path | None:
-    """A WRA transport-plan heatmap (words x regions) for one shapes image, from a run whose mix has WRA."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """A WRA transport plan (words x regions, with a colour bar) beside its image with the numbered region
+    boxes and the caption, for one example of the pre-training data of a run whose mix has WRA."""
     from vlkit.objectives.ot import cosine_cost, ipot
 
     if env.world is None or "wra" not in pre.objectives:
         return None
+    plt = _pyplot()
     dataset = pipeline.pretraining_dataset(env)
-    batch = dataset.collator()([dataset[image_index]])
+    example = dataset[image_index]
+    batch = dataset.collator()([example])
     pre.eval()
     with torch.no_grad():
         out = pre.model(batch)
         cost = cosine_cost(out.text_states.float(), out.region_states.float())
         _, plan = ipot(cost, out.text_mask.bool(), out.region_mask.bool())
     tokens = env.tokenizer.convert_ids_to_tokens(batch.input_ids[0].tolist())
-    soft = batch.region_soft_labels[0] if batch.region_soft_labels is not None else None
-    names = getattr(env.world, "object_classes", None) or _shapes_classes()
-    labels = [f"{j}:{names[int(c.argmax())]}" for j, c in enumerate(soft)] if soft is not None else None
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.imshow(plan[0].numpy(), aspect="auto", cmap="viridis")
-    ax.set_yticks(range(len(tokens)))
-    ax.set_yticklabels(tokens, fontsize=7)
-    if labels:
-        ax.set_xticks(range(len(labels)))
-        ax.set_xticklabels(labels, rotation=90, fontsize=6)
-    ax.set_title(f"WRA transport plan, image {batch.image_ids[0]}")
+    image = env.world.load_image(example["image_id"])
+    boxes = batch.region_boxes[0] * torch.tensor([image.width, image.height] * 2)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.5), gridspec_kw={"width_ratios": [1, 1.4]})
+    left.imshow(image)
+    for j, (x1, y1, x2, y2) in enumerate(boxes.tolist()):
+        left.add_patch(plt.Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, color="white", linewidth=0.8))
+        left.text(x1 + 1, y1 + 4, str(j), color="white", fontsize=6)
+    left.set_axis_off()
+    left.set_title(f"image {example['image_id']}: {len(boxes)} regions", fontsize=9)
+    shown = plan[0].numpy()
+    heat = right.imshow(shown, aspect="auto", cmap="viridis")
+    right.set_yticks(range(len(tokens)))
+    right.set_yticklabels(tokens, fontsize=6)
+    right.set_xticks(range(shown.shape[1]))
+    right.set_xticklabels([str(j) for j in range(shown.shape[1])], fontsize=6)
+    right.set_xlabel("region")
+    fig.colorbar(heat, ax=right, label="transported mass")
+    caption = dataset.data[image_index]["caption"]
+    fig.suptitle(f"WRA transport plan: \"{caption}\"", fontsize=8, wrap=True)
     fig.tight_layout()
     path = output_dir / "wra_plan.png"
     fig.savefig(path, dpi=120)

@@ -10,9 +10,11 @@ from typing import Any, Iterable
 
 import torch
 
-from vlkit.compare.config import RunSpec, objective_mix, run_specs, task_cfg
+from vlkit.compare.config import RunSpec, mix_label, objective_mix, run_specs, task_cfg
 from vlkit.compare.statistics import HEADLINE
 from vlkit.train import pipeline
+
+IMAGE_SIDE = ("id", "input_ids", "attention_mask", "targets")  # the keys of an example that are not its image
 
 
 def digest(items: Iterable[Any]) -> str:
@@ -43,6 +45,41 @@ def inference_latency(model: Any, dataset: Any, n: int = 64, batch_size: int = 3
     return 1000 * (time.perf_counter() - start) / len(examples)
 
 
+@torch.no_grad()
+def itm_accuracy(pre: Any, pairs: Any, limit: int = 2000, batch_size: int = 128, seed: int = 0) -> float:
+    """Held-out image-text matching accuracy of a pre-training's ITM head: each of the first ``limit``
+    captions of ``pairs`` with its own image and with the image of another caption (a seeded draw among
+    the other images), so chance is 0.5; P(matched) > 0.5 counts as "matched"."""
+    itm = pre.objectives["itm"]
+    n = min(limit, len(pairs))
+    generator = torch.Generator().manual_seed(seed)
+    image_of = [pairs[i]["image_id"] for i in range(len(pairs))]
+    if len(set(image_of)) < 2:
+        raise ValueError("itm_accuracy: the held-out pairs show a single image; negatives need two")
+    negatives = []
+    for i in range(n):
+        j = int(torch.randint(len(pairs), (1,), generator=generator))
+        while image_of[j] == image_of[i]:
+            j = int(torch.randint(len(pairs), (1,), generator=generator))
+        negatives.append(j)
+    collate = pairs.collator()
+    was_training = pre.training
+    pre.eval()
+    correct = 0
+    try:
+        for start in range(0, n, batch_size):
+            rows = range(start, min(n, start + batch_size))
+            positive = [pairs[i] for i in rows]
+            negative = [{**{k: v for k, v in pairs[j].items() if k not in IMAGE_SIDE},
+                         **{k: v for k, v in ex.items() if k in IMAGE_SIDE}} for ex, j in zip(positive, negatives[start:])]
+            for examples, matched in ((positive, True), (negative, False)):
+                score = itm.match_score(pre.model(collate(examples).to(pre.model.device), pooled_only=True))
+                correct += int(((score > 0.5) == matched).sum())
+    finally:
+        pre.train(was_training)
+    return correct / (2 * n)
+
+
 class Comparison:
     """Runs a resolved comparison config into ``output_dir``: every run is pre-trained on the same
     examples in the same order with the same seeds and step budget, then fine-tuned and evaluated on
@@ -58,6 +95,7 @@ class Comparison:
         self.audit: dict[str, Any] = {"pretrain_ids": {}, "finetune_ids": {}, "data": {}}
         self.curves: dict[str, list[dict[str, Any]]] = {}
         self._environments: dict[str, pipeline.Environment] = {}
+        self._eval_pairs: dict[str, Any] = {}
 
     # -- helpers ---------------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -90,7 +128,7 @@ class Comparison:
         from vlkit.tasks.base import IncompatibleTask
 
         tasks = []
-        for name in self.compare["tasks"]:
+        for name in spec.tasks or self.compare["tasks"]:
             try:
                 TASKS.get(name).check(MODELS.get(spec.family))
             except IncompatibleTask:
@@ -110,25 +148,35 @@ class Comparison:
     def finetune_units(self, index: int, seed: int, variant: str) -> list[tuple[int, int, str, str]]:
         return [(index, seed, variant, task) for task in self.tasks_for(self.specs[index])]
 
+    def all_units(self) -> list[tuple]:
+        """Every unit of the comparison: pre-trainings, their fine-tunings, the scratch baselines."""
+        pretrain = self.pretrain_units()
+        return pretrain + [u for i, seed in pretrain for u in self.finetune_units(i, seed, "pretrained")] + \
+            [u for seed in self.compare["seeds"] for i, spec in enumerate(self.specs)
+             if "scratch" in self.variants(spec) for u in self.finetune_units(i, seed, "scratch")]
+
     def run(self, workers: int = 1, threads: int = 1) -> list[dict[str, Any]]:
         """Run every unit (a pre-training, or one fine-tuning of one variant on one task) in ``workers``
         processes of ``threads`` torch threads. Every unit seeds itself and a fine-tuning starts from
-        the pre-training saved on disk, so the numbers do not depend on how units are scheduled."""
+        the pre-training saved on disk, so the numbers do not depend on how units are scheduled. Only
+        this process prints: one line per finished unit with the count, elapsed time and an ETA."""
         for spec in self.specs:  # extract shared features once, before any worker starts
             self.environment(spec)
-        pretrain = self.pretrain_units()
-        scratch = [u for seed in self.compare["seeds"] for i, spec in enumerate(self.specs)
-                   if "scratch" in self.variants(spec) for u in self.finetune_units(i, seed, "scratch")]
+        units = self.all_units()
+        pretrain = [u for u in units if len(u) == 2]
+        scratch = [u for u in units if len(u) == 4 and u[2] == "scratch"]
+        progress = _Progress(units, workers, self.say, lambda i: self.specs[i].name)
         if workers <= 1:
-            done = {u: self.run_unit(u) for u in pretrain}
-            units = [u for i, seed in pretrain for u in self.finetune_units(i, seed, "pretrained")] + scratch
-            done.update({u: self.run_unit(u) for u in units})
+            done = {}
+            for u in [u for u in units if len(u) == 2] + [u for u in units if len(u) == 4]:
+                done[u] = self.run_unit(u)
+                progress.finished(u, done[u])
         else:
-            done = self._run_pool(pretrain, scratch, workers, threads)
+            done = self._run_pool(pretrain, scratch, workers, threads, progress)
         self._collect(done)
         return self.records
 
-    def _run_pool(self, pretrain, scratch, workers: int, threads: int) -> dict[tuple, dict[str, Any]]:
+    def _run_pool(self, pretrain, scratch, workers: int, threads: int, progress: "_Progress") -> dict[tuple, dict[str, Any]]:
         """Pre-trainings first, baselines behind them; a pre-training's fine-tunings are queued as soon
         as it finishes, so no worker waits for a phase to end."""
         import multiprocessing
@@ -137,13 +185,14 @@ class Comparison:
         context = multiprocessing.get_context("spawn")
         done: dict[tuple, dict[str, Any]] = {}
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                                 initargs=(self.cfg, self.output_dir, self.progress, threads)) as pool:
+                                 initargs=(self.cfg, self.output_dir, threads)) as pool:
             pending = {pool.submit(_unit_in_worker, u): u for u in pretrain + scratch}
             while pending:
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
                     unit = pending.pop(future)
                     done[unit] = future.result()
+                    progress.finished(unit, done[unit])
                     if len(unit) == 2:
                         pending.update({pool.submit(_unit_in_worker, u): u
                                         for u in self.finetune_units(*unit, "pretrained")})
@@ -162,7 +211,6 @@ class Comparison:
         spec = self.specs[index]
         env = self.environment(spec)
         steps = self.compare["budget"]["pretrain_steps"]
-        self.say(f"{spec.name}/seed{seed}: pre-training {spec.family} ({spec.model.get('preset', '')}) for {steps} steps")
         set_seed(seed)
         model = pipeline.build_run_model(env, spec.model)
         seen: list[str] = []
@@ -171,14 +219,29 @@ class Comparison:
                                               self._pretrain_dir(spec, seed), seed, seen)
         wall = time.perf_counter() - start
         dataset = pipeline.pretraining_dataset(env)
-        out = {"wall_s": wall, "ids": digest(seen), "curve": result.history,
+        out = {"ids": digest(seen), "curve": result.history,
                "data": {"pretrain": digest((r["id"], r["image_id"], r["caption"]) for r in dataset.data)},
                "stats": {"pretrain_wall_s": wall, "train_samples_per_s": len(seen) / wall if wall else float("nan"),
                          "pretrain_final_loss": result.history[-1]["loss"] if result.history else float("nan")},
                "metrics": {}}
-        if "retrieval" in self.compare["tasks"] and self.compare.get("zero_shot", True):
-            out["metrics"] = self._zero_shot(env, pre, spec)
+        if "itm" in pre.objectives:
+            pairs = self.eval_pairs(spec)
+            out["metrics"].update(itm_acc=itm_accuracy(pre, pairs, self.compare.get("itm_pairs", 2000), seed=0),
+                                  itm_acc_chance=0.5)
+        if "retrieval" in self.compare["tasks"] and self.compare.get("zero_shot", True) and "itm" in pre.objectives:
+            out["metrics"].update(self._zero_shot(env, pre, spec))
+        out["wall_s"] = time.perf_counter() - start
         return out
+
+    def eval_pairs(self, spec: RunSpec) -> Any:
+        """The image-text pairs of the evaluation split (held-out ITM accuracy), built once per environment."""
+        env = self.environment(spec)
+        key = json.dumps(env.data, sort_keys=True, default=str)
+        if key not in self._eval_pairs:
+            from vlkit.registry import DATASETS
+
+            self._eval_pairs[key] = DATASETS.get(env.data["name"])({**env.data, "split": self.compare.get("eval_split", "val")})
+        return self._eval_pairs[key]
 
     def finetune_unit(self, index: int, seed: int, variant: str, task: str) -> dict[str, Any]:
         """Fine-tune the pre-trained (``variant="pretrained"``) or freshly initialised model on ``task``."""
@@ -187,7 +250,6 @@ class Comparison:
         spec = self.specs[index]
         env = self.environment(spec)
         steps = self.compare["budget"]["finetune_steps"][task]
-        self.say(f"{spec.name}/{variant}/seed{seed}: fine-tuning {task} for {steps} steps")
         set_seed(seed)
         model = (pipeline.load_pretraining(self._pretrain_dir(spec, seed)) if variant == "pretrained"
                  else pipeline.build_run_model(env, spec.model))
@@ -195,7 +257,8 @@ class Comparison:
         seen: list[str] = []
         start = time.perf_counter()
         module, data, _, raw = pipeline.finetune_task(env, model, self.task_cfg(task, spec),
-                                                      self.trainer_cfg("finetune", steps),
+                                                      self.trainer_cfg("finetune", steps,
+                                                                       (self.compare["trainer"].get("tasks") or {}).get(task)),
                                                       out_dir, seed, (self.compare.get("eval_split", "val"),), seen)
         metrics = {_metric_name(task, k.split("/", 1)[1]): v for k, v in raw.items()}
         out = {"wall_s": time.perf_counter() - start, "metrics": metrics, "params": _parameters(module.model),
@@ -203,8 +266,7 @@ class Comparison:
                "data": {task: digest(_dataset_keys(data.train))}}
         if task == "vqa":
             out["latency_ms"] = inference_latency(module.model, data.train)
-        shown = ", ".join(f"{k} {v:.3f}" for k, v in metrics.items() if k in HEADLINE)
-        self.say(f"{spec.name}/{variant}/seed{seed}: {task} done ({shown})")
+        out["shown"] = ", ".join(f"{k} {100 * v:.1f}" for k, v in metrics.items() if k in HEADLINE)
         return out
 
     def _collect(self, done: dict[tuple, dict[str, Any]]) -> None:
@@ -215,7 +277,7 @@ class Comparison:
                     pre = done.get((i, seed)) if variant == "pretrained" else None
                     record: dict[str, Any] = {
                         "run": spec.name, "variant": variant, "family": spec.family,
-                        "preset": spec.model.get("preset"), "objectives": spec.objectives if pre else None,
+                        "preset": spec.model.get("preset"), "objectives": mix_label(spec) if pre else None,
                         "mix": spec.mix if pre else None, "seed": seed, **(pre["stats"] if pre else {})}
                     parts = ([pre] if pre else []) + [done[u] for u in self.finetune_units(i, seed, variant)]
                     if pre:
@@ -238,7 +300,8 @@ class Comparison:
 
         task_cfg = self.task_cfg("retrieval", spec)
         data = TASKS.get("retrieval").build_data(task_cfg, env.tokenizer, env.image_source, env.world)
-        task = build_task("retrieval", pre, scorer="itm")
+        options = {k: v for k, v in (task_cfg.get("options") or {}).items() if k in ("eval_mode", "rerank_k", "prerank_ridge")}
+        task = build_task("retrieval", pre, scorer="itm", **options, **data.options)
         raw = task.evaluate(data.eval[self.compare.get("eval_split", "val")], batch_size=task_cfg.get("eval_batch_size", 64))
         return {f"zs_{k}": float(v) for k, v in raw.items()}
 
@@ -246,10 +309,11 @@ class Comparison:
 _WORKER: Comparison | None = None  # the comparison a worker process serves (its environments cached)
 
 
-def _init_worker(cfg: dict[str, Any], output_dir: Path, progress: bool, threads: int) -> None:
+def _init_worker(cfg: dict[str, Any], output_dir: Path, threads: int) -> None:
+    """A worker process: ``threads`` torch threads, silent (the parent prints progress, so lines never mix)."""
     global _WORKER
     torch.set_num_threads(threads)
-    _WORKER = Comparison(cfg, output_dir, progress)
+    _WORKER = Comparison(cfg, output_dir, progress=False)
 
 
 def _unit_in_worker(unit: tuple) -> dict[str, Any]:
@@ -277,3 +341,44 @@ def _meta_sum(metrics: dict[str, float]) -> float:
     if not all(k in metrics for k in keys):
         return float("nan")
     return 100 * sum(metrics[k] for k in keys)
+
+
+class _Progress:
+    """Units done of the total, elapsed time and an ETA from the mean time of finished units of each kind
+    (pre-training of a family, fine-tuning of a task) spread over the workers."""
+
+    def __init__(self, units: list[tuple], workers: int, say: Any, run_name: Any):
+        self.remaining = list(units)
+        self.total, self.workers, self.say, self.run_name = len(units), max(1, workers), say, run_name
+        self.start = time.perf_counter()
+        self.seconds: dict[Any, list[float]] = {}
+
+    @staticmethod
+    def kind(unit: tuple) -> Any:
+        return ("pretrain", unit[0]) if len(unit) == 2 else ("finetune", unit[0], unit[3])
+
+    def eta(self) -> float | None:
+        known = {k: sum(v) / len(v) for k, v in self.seconds.items()}
+        overall = sum(sum(v) for v in self.seconds.values()) / max(1, sum(len(v) for v in self.seconds.values()))
+        if not known:
+            return None
+        return sum(known.get(self.kind(u), overall) for u in self.remaining) / self.workers
+
+    def finished(self, unit: tuple, result: dict[str, Any]) -> None:
+        seconds = result["wall_s"]
+        self.remaining.remove(unit)
+        self.seconds.setdefault(self.kind(unit), []).append(seconds)
+        done = self.total - len(self.remaining)
+        elapsed = time.perf_counter() - self.start
+        eta = self.eta()
+        name = self.run_name(unit[0])
+        what = f"{name}/seed{unit[1]} pre-training" if len(unit) == 2 else f"{name}/seed{unit[1]} {unit[2]} {unit[3]}"
+        shown = result.get("shown") or ", ".join(f"{k} {100 * v:.1f}" for k, v in result.get("metrics", {}).items()
+                                                 if k in HEADLINE)
+        self.say(f"{done}/{self.total} units done; {what} {seconds:.0f} s" + (f" ({shown})" if shown else "")
+                 + f"; elapsed {_clock(elapsed)}" + (f", ETA {_clock(eta)}" if eta is not None and self.remaining else ""))
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{secs:02d}s"

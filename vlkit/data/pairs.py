@@ -363,7 +363,7 @@ def shapes_pairs(cfg: Mapping[str, Any]) -> ImageTextPairs:
     """Captions of the embedded shapes world (5 per image) for ``cfg.split``, images rendered on the fly."""
     from vlkit.data.shapes import ShapesWorld
 
-    world = ShapesWorld(cfg.get("seed", 0), cfg.get("num_images", 2000), cfg.get("image_size", 128))
+    world = ShapesWorld.from_cfg(cfg)
     records = [{"id": f"{i}#{k}", "image_id": world.image_id(i), "caption": c}
                for split in _split_list(cfg.get("split", "train")) for i in world.indices(split)
                for k, c in enumerate(world.captions(i))]

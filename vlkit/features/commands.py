@@ -26,7 +26,9 @@ def image_files(directory: str | Path) -> list[tuple[str, Path]]:
 
 def extract_features(cfg: DictConfig) -> int:
     from vlkit.features.detector import extract_features as run
+    from vlkit.train.pipeline import set_threads
 
+    set_threads(cfg.get("threads"))
     out = run(
         image_files(cfg.images), cfg.out, detector=cfg.detector, weights=cfg.weights, batch_size=cfg.batch_size,
         device=cfg.device, min_boxes=cfg.min_boxes, max_boxes=cfg.max_boxes, conf_th=cfg.conf_th,
@@ -38,7 +40,9 @@ def extract_features(cfg: DictConfig) -> int:
 
 def import_features(cfg: DictConfig) -> int:
     from vlkit.features.importers import import_features as run
+    from vlkit.train.pipeline import set_threads
 
+    set_threads(cfg.get("threads"))
     out = run(cfg.src, cfg.format, cfg.out, resume=cfg.resume, dtype=cfg.dtype, image_sizes=cfg.image_sizes, progress=cfg.progress)
     _summary(out)
     return 0

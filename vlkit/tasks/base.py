@@ -170,7 +170,8 @@ def split_records(cfg: Mapping[str, Any], world: Any, from_world: Callable[[Any,
     ``source: shapes``: ``from_world(world, i)`` for the images of each split of the shapes world;
     ``source: files``: ``from_files(spec)`` for each non-null ``files.<split>`` entry (a list of
     entries is concatenated). ``train`` must have records; a named file without records is an
-    error, a shapes split without images is dropped.
+    error, a shapes split without images is dropped. ``train_images: N`` keeps the training records of
+    the first N images only.
     """
     name, source = cfg.get("name", "task"), cfg.get("source", "shapes")
     if source == "shapes":
@@ -188,7 +189,17 @@ def split_records(cfg: Mapping[str, Any], world: Any, from_world: Callable[[Any,
     if not splits.get("train"):
         where = "the shapes world has no train images" if source == "shapes" else "set files.train"
         raise ValueError(f"task {name}: no training records ({where})")
+    if cfg.get("train_images"):
+        splits["train"] = first_images(splits["train"], int(cfg["train_images"]))
     return {s: recs for s, recs in splits.items() if recs}
+
+
+def first_images(records: list[dict], n: int, key: str = "image_id") -> list[dict]:
+    """The records of the first ``n`` distinct images (in record order): fine-tuning with little data."""
+    if n < 1:
+        raise ValueError(f"train_images={n}: keep at least one image")
+    keep = set(list(dict.fromkeys(str(r[key]) for r in records))[:n])
+    return [r for r in records if str(r[key]) in keep]
 
 
 class HeadTask(Task):

@@ -186,6 +186,7 @@ class RefExp(Task):
 
         train = dataset(cfg.get("train_split", "train"))
         eval_splits = cfg.get("eval_splits", ["val", "test"])
-        return TaskData(train=train, eval={s: dataset(s) for s in ([eval_splits] if isinstance(eval_splits, str)
-                                                                    else eval_splits)},
-                        collate=train.collator())
+        eval_splits = [eval_splits] if isinstance(eval_splits, str) else list(eval_splits)
+        if source == "shapes":  # a shapes world sized without a split has no images there
+            eval_splits = [s for s in eval_splits if len(world.indices(s))]
+        return TaskData(train=train, eval={s: dataset(s) for s in eval_splits}, collate=train.collator())

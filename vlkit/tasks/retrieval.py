@@ -495,7 +495,9 @@ class Retrieval(Task):
 
     def evaluate(self, data: RetrievalSet, batch_size: int = 64, mode: str | None = None,
                  k: int | None = None) -> dict[str, float]:
-        """IR / TR recall at 1, 5, 10 and their mean (fractions), in ``mode`` (default ``eval_mode``)."""
+        """IR / TR recall at 1, 5, 10 and their mean (fractions), in ``mode`` (default ``eval_mode``), and the
+        chance level of each R@1 (``ir_r1_chance``: 1 / images; ``tr_r1_chance``: the mean share of an image's
+        captions among all captions)."""
         if not isinstance(data, RetrievalSet):
             raise TypeError(f"retrieval: evaluate takes a RetrievalSet (TaskData.eval[split]), got "
                             f"{type(data).__name__}")
@@ -504,7 +506,10 @@ class Retrieval(Task):
                 raise ValueError("retrieval: rerank needs a fitted pre-ranking: call fit_prerank(train_set) or build "
                                  "the task with prerank_data= (TaskData.options from build_data)")
             self.fit_prerank(self.prerank_data, batch_size)
-        return recall(*self.score_matrices(data, mode, k, batch_size), data.txt2img)
+        out = recall(*self.score_matrices(data, mode, k, batch_size), data.txt2img)
+        captions_per_image = torch.bincount(data.txt2img, minlength=data.num_images).float()
+        out.update(ir_r1_chance=1.0 / data.num_images, tr_r1_chance=float((captions_per_image / data.num_texts).mean()))
+        return out
 
     # -- the cheap pre-ranking -------------------------------------------------------------------
     def fit_prerank(self, data: RetrievalSet, batch_size: int = 64) -> None:
@@ -569,8 +574,9 @@ class Retrieval(Task):
                    for cid, cap in zip(_caption_ids(rec), rec["captions"])]
         train = ImageTextPairs(records, tokenizer, image_source, max_len=max_len,
                                filter_long=bool(cfg.get("filter_long", False)))
-        sets = {s: RetrievalSet.from_records(images([s]), tokenizer, image_source, max_len=max_len)
-                for s in eval_splits}
+        evaluated = {s: images([s]) for s in eval_splits}
+        sets = {s: RetrievalSet.from_records(recs, tokenizer, image_source, max_len=max_len)
+                for s, recs in evaluated.items() if recs or source != "shapes"}  # a shapes split may be empty
         prerank = RetrievalSet.from_records(train_images, tokenizer, image_source, max_len=max_len, cache_images=False)
         return TaskData(train=train, eval=sets, options={"prerank_data": prerank}, collate=train.collator())
 

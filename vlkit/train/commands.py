@@ -21,6 +21,7 @@ def pretrain(cfg) -> int:
     """Pre-train ``model`` on ``data`` with the objective mix ``objectives`` (default: the family's own)."""
     from accelerate.utils import set_seed
 
+    pipeline.set_threads(cfg.get("threads"), cfg.model.get("preset"))
     seed = cfg.trainer.seed
     env = pipeline.prepare_environment(cfg.model, cfg.data, cfg.get("cache_dir"))
     set_seed(seed)  # after the environment: a first feature extraction draws from the global RNG
@@ -40,6 +41,7 @@ def finetune(cfg) -> int:
         from vlkit.registry import TASKS
 
         raise ValueError(f"vlkit finetune needs a task: task={' | '.join(TASKS.names())}")
+    pipeline.set_threads(cfg.get("threads"), cfg.model.get("preset"))
     seed = cfg.trainer.seed
     env = pipeline.prepare_environment(cfg.model, cfg.data, cfg.get("cache_dir"))
     set_seed(seed)  # after the environment: a first feature extraction draws from the global RNG
@@ -68,6 +70,7 @@ def evaluate(cfg) -> int:
     model_dir = directory / "model"
     saved = json.loads((model_dir / CONFIG_NAME).read_text())  # the run's model config: its input geometry
     model_cfg = {"name": saved["family"], **saved["config"]}
+    pipeline.set_threads(cfg.get("threads"), model_cfg.get("preset"))
     env = pipeline.prepare_environment(model_cfg, info["data"], cfg.get("cache_dir"))
     if info["kind"] == "finetune":
         task_cfg = info["task_cfg"]

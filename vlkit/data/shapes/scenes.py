@@ -128,23 +128,41 @@ def _lru(cache: OrderedDict, key: int, make: Callable[[int], Any], maxsize: int)
 class ShapeScenes:
     """Deterministic scenes and their renders: everything depends only on ``(seed, index)``."""
 
-    def __init__(self, seed: int = 0, num_images: int = 2000, image_size: int = 128):
+    def __init__(self, seed: int = 0, num_images: int = 2000, image_size: int = 128, val_images: int | None = None,
+                 test_images: int | None = None):
         if seed < 0:
             raise ValueError(f"ShapesWorld: seed must be >= 0, got {seed}")
         if num_images < 1:
             raise ValueError(f"ShapesWorld: num_images must be >= 1, got {num_images}")
         if image_size < 64:
             raise ValueError(f"ShapesWorld: image_size must be >= 64 px, got {image_size}")
-        self.seed, self.num_images, self.image_size = int(seed), int(num_images), int(image_size)
+        if min(val_images or 0, test_images or 0) < 0:
+            raise ValueError(f"ShapesWorld: val_images / test_images must be >= 0, got {val_images} / {test_images}")
+        self.seed, self.image_size = int(seed), int(image_size)
+        self.sized_splits = val_images is not None or test_images is not None
+        if self.sized_splits:  # num_images training images, the evaluation images after them
+            self.split_sizes = (int(num_images), int(val_images or 0), int(test_images or 0))
+        else:  # Karpathy-style: the last 10% test, the 10% before them val
+            tenth = int(num_images) // 10
+            self.split_sizes = (int(num_images) - 2 * tenth, tenth, tenth)
+        self.num_images = sum(self.split_sizes)
         self.margin = _scale(image_size, _MARGIN)
         self._scenes: OrderedDict[int, Scene] = OrderedDict()
         self._images: OrderedDict[int, Image.Image] = OrderedDict()
+
+    @classmethod
+    def from_cfg(cls, cfg: Any) -> "ShapeScenes":
+        """From a data config (``conf/data/shapes.yaml``: seed, num_images, image_size, val_images, test_images)."""
+        return cls(cfg.get("seed", 0), cfg.get("num_images", 2000), cfg.get("image_size", 128),
+                   cfg.get("val_images"), cfg.get("test_images"))
 
     def __len__(self) -> int:
         return self.num_images
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(seed={self.seed}, num_images={self.num_images}, image_size={self.image_size})"
+        sizes = (f", val_images={self.split_sizes[1]}, test_images={self.split_sizes[2]}" if self.sized_splits else "")
+        n = self.split_sizes[0] if self.sized_splits else self.num_images
+        return f"{type(self).__name__}(seed={self.seed}, num_images={n}, image_size={self.image_size}{sizes})"
 
     def _rng(self, stream: str, i: int) -> np.random.Generator:
         return np.random.default_rng((self.seed, _STREAMS[stream], i))
@@ -166,16 +184,16 @@ class ShapeScenes:
         return self._check(int(image_id))
 
     def split(self, i: int) -> str:
-        """Karpathy-style split: the last 10% of the images are test, the 10% before them val."""
+        """The split of image ``i``: train, then val, then test (in index order)."""
         i = self._check(i)
         return next(s for s in SPLITS if i in self.indices(s))
 
     def indices(self, split: str) -> range:
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; shapes splits: {', '.join(SPLITS)}")
-        n, tenth = self.num_images, self.num_images // 10
-        bounds = {"train": (0, n - 2 * tenth), "val": (n - 2 * tenth, n - tenth), "test": (n - tenth, n)}
-        return range(*bounds[split])
+        k = SPLITS.index(split)
+        start = sum(self.split_sizes[:k])
+        return range(start, start + self.split_sizes[k])
 
     # ---- scenes and images ------------------------------------------------------------------
     def scene(self, i: int) -> Scene:

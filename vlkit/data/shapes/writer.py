@@ -138,7 +138,8 @@ def write_shapes(world: ShapesWorld, out: str | Path, flush_every: int = 256,
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / FILES["manifest"]
-    params = {"seed": world.seed, "num_images": world.num_images, "image_size": world.image_size}
+    params = {"seed": world.seed, "num_images": world.num_images, "image_size": world.image_size,
+              "split_sizes": list(world.split_sizes)}
     previous = _read_manifest(manifest_path, params)
     recorded: dict[str, str] = dict(previous.get("files", {}))
     files: dict[str, str] = {}
@@ -180,12 +181,12 @@ def write_shapes(world: ShapesWorld, out: str | Path, flush_every: int = 256,
 
 
 def make_shapes_main(cfg) -> None:
-    """``vlkit make-shapes out=DIR num_images=N seed=S [image_size=128]``."""
+    """``vlkit make-shapes out=DIR num_images=N seed=S [image_size=128] [val_images=V test_images=T]``."""
     from tqdm import tqdm
 
     from vlkit.data.shapes import ShapesWorld
 
-    world = ShapesWorld(seed=cfg.seed, num_images=cfg.num_images, image_size=cfg.image_size)
+    world = ShapesWorld.from_cfg(cfg)
     manifest = write_shapes(world, cfg.out, progress=lambda it: tqdm(it, desc="shapes images", unit="img"))
     c = manifest["counts"]
     print(f"wrote {world!r} to {cfg.out}: {sum(c['images'].values())} images, {c['captions']} captions, "

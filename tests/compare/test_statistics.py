@@ -1,0 +1,129 @@
+"""Issue 11: the comparison's statistics on synthetic records (no training): t-intervals, paired tests
+against scratch and between contestants, Holm's correction, the minimum detectable effect, the papers'
+claims, chance levels and a strict results.json."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from vlkit.compare.claims import check_claims, evaluate_claims
+from vlkit.compare.report import analyse, write_outputs
+from vlkit.compare.statistics import (chance_levels, holm, mean_ci, min_detectable_effect, paired_p_value,
+                                      pairwise_tests, scratch_tests)
+
+
+def records(effects: dict[tuple[str, str], float], seeds=(0, 1, 2, 3, 4), noise=0.01, seed=0, chance=True):
+    """VQA / NLVR2 records: a shared per-seed draw plus a fixed effect per (run, variant) and a little noise."""
+    rng = np.random.default_rng(seed)
+    shared = {s: rng.normal(0.5, 0.03) for s in seeds}
+    out = []
+    for (run, variant), effect in effects.items():
+        for s in seeds:
+            r = {"run": run, "variant": variant, "family": run.split("-")[0], "preset": "tiny", "objectives": None,
+                 "seed": s, "vqa": shared[s] + effect + rng.normal(0, noise), "nlvr2": 0.6 + rng.normal(0, 0.05)}
+            if chance:
+                r.update(vqa_majority_baseline=0.187, nlvr2_majority_baseline=0.5)
+            out.append(r)
+    return out
+
+
+def test_mean_ci_and_paired_p_value():
+    mean, ci = mean_ci([0.40, 0.44, 0.48])
+    assert mean == pytest.approx(0.44) and ci == pytest.approx(4.302653 * 0.04 / math.sqrt(3), rel=1e-5)
+    assert math.isnan(mean_ci([0.5])[1])
+    assert paired_p_value([0.5, 0.6, 0.7], [0.4, 0.45, 0.62]) == pytest.approx(0.0340, abs=1e-4)  # d = .1 .15 .08
+    assert math.isnan(paired_p_value([0.5], [0.4]))  # one seed: no test
+    assert math.isnan(paired_p_value([0.5, 0.6], [0.4, 0.5]))  # no spread in the differences: undefined
+    assert math.isnan(paired_p_value([0.1 + 0.2, 0.6], [0.1, 0.4]))  # equal up to rounding (0.2 vs 0.2000...04)
+
+
+def test_holm_step_down():
+    adjusted = holm([0.01, 0.04, 0.03, 0.005])
+    # sorted 0.005 x4, 0.01 x3, 0.03 x2, 0.04 x1 -> 0.02, 0.03, 0.06, max(0.06, 0.04): monotone
+    assert adjusted == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
+    nan_in = holm([0.01, float("nan"), 0.02])
+    assert math.isnan(nan_in[1]) and nan_in[0] == pytest.approx(0.02) and nan_in[2] == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_minimum_detectable_effect_has_the_stated_power(n):
+    from scipy import stats
+
+    sd = 0.02
+    effect = min_detectable_effect(sd, n)
+    rng = np.random.default_rng(n)
+    diffs = rng.normal(effect, sd, size=(40000, n))
+    t = diffs.mean(1) / (diffs.std(1, ddof=1) / math.sqrt(n))
+    power = (np.abs(t) > stats.t.ppf(0.975, n - 1)).mean()
+    assert power == pytest.approx(0.8, abs=0.01)
+    assert min_detectable_effect(sd, n, alpha=0.01) > effect > min_detectable_effect(sd, n + 5)
+    assert math.isnan(min_detectable_effect(sd, 1)) and math.isnan(min_detectable_effect(0.0, 5))
+
+
+def test_scratch_and_pairwise_tests_find_the_planted_effects():
+    recs = records({("a", "pretrained"): 0.05, ("a", "scratch"): 0.0, ("b", "pretrained"): 0.0,
+                    ("b", "scratch"): 0.0, ("c", "pretrained"): 0.02})
+    b_pre = [r for r in recs if (r["run"], r["variant"]) == ("b", "pretrained")]
+    b_scratch = [r for r in recs if (r["run"], r["variant"]) == ("b", "scratch")]
+    for pre, base, d in zip(b_pre, b_scratch, (0.01, -0.01, 0.01, -0.01, 0.0)):  # no effect: mean difference 0
+        base["vqa"] = pre["vqa"] + d
+    scratch = scratch_tests(recs, ["vqa"])
+    by_run = {t["comparison"]: t for t in scratch}
+    assert by_run["a"]["effect"] == pytest.approx(0.05, abs=0.02) and by_run["a"]["significant"]
+    assert not by_run["b"]["significant"]
+    assert by_run["c"] == {"comparison": "c", "kind": "no baseline"}  # never a blank that reads as significant
+    pairs = {t["comparison"]: t for t in pairwise_tests(recs, ["vqa"])}
+    assert set(pairs) == {"a − b", "a − c", "b − c"}
+    assert pairs["a − b"]["significant"] and pairs["a − b"]["effect"] > 0
+    assert pairs["b − c"]["effect"] < 0
+    raw = [t["p"] for t in pairs.values()]
+    assert [t["p_holm"] for t in pairs.values()] == pytest.approx(holm(raw))
+
+
+def test_claims_get_verdicts():
+    recs = records({("x", "pretrained"): 0.06, ("x", "scratch"): 0.0, ("y", "pretrained"): 0.0,
+                    ("z", "pretrained"): 0.061})
+    claims = [{"claim": "x beats its scratch", "a": "x", "b": "x/scratch", "metric": "vqa", "expect": "higher"},
+              {"claim": "y beats x", "a": "y", "b": "x", "metric": "vqa", "expect": "higher"},
+              {"claim": "z does not beat x", "a": "z", "b": "x", "metric": "vqa", "expect": "not_higher"},
+              {"claim": "y does not beat x", "a": "y", "b": "x", "metric": "vqa", "expect": "not_higher"}]
+    check_claims(claims, ["x", "y", "z"])
+    verdicts = {c["claim"]: c["verdict"] for c in evaluate_claims(recs, claims)}
+    assert verdicts == {"x beats its scratch": "reproduced", "y beats x": "contradicted",
+                        "z does not beat x": "inconclusive", "y does not beat x": "reproduced"}
+    with pytest.raises(KeyError, match="not a run"):
+        check_claims([{**claims[0], "a": "w"}], ["x", "y", "z"])
+    with pytest.raises(ValueError, match="expect"):
+        check_claims([{**claims[0], "expect": "maybe"}], ["x", "y", "z"])
+
+
+def test_results_json_is_strict_and_carries_chance_levels(tmp_path):
+    recs = records({("a", "pretrained"): 0.05, ("a", "scratch"): 0.0, ("b", "pretrained"): 0.01})
+    recs[0]["meta_sum"] = float("nan")  # a metric that could not be computed
+    recs[1]["nlvr2"] = float("inf")
+    cfg = {"compare": {"title": "t", "seeds": [0, 1, 2, 3, 4], "budget": {"pretrain_steps": 1}}, "data": {"name": "d"}}
+    write_outputs(tmp_path, cfg, recs, {"data_hash": "0" * 12}, {}, 1.0)
+
+    def refuse(constant):
+        raise AssertionError(f"results.json holds {constant}")
+
+    data = json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)
+    assert data["chance"] == pytest.approx({"vqa": 0.187, "nlvr2": 0.5})
+    assert data["records"][0]["meta_sum"] is None and data["records"][1]["nlvr2"] is None
+    assert "vqa" in data["detectable_effects"] and data["detectable_effects"]["vqa"]["mde"] > 0
+    md = (tmp_path / "results.md").read_text()
+    assert "Chance or trivial-baseline level" in md and "vqa 18.7" in md
+    assert "no baseline" in md and "Minimum detectable effect at 5 seeds" in md
+    assert "pre-training beats scratch for a" in md
+    assert (tmp_path / "metrics.png").stat().st_size > 0
+
+
+def test_chance_levels_and_meta_sum_chance():
+    recs = [{"run": "r", "variant": "pretrained", "family": "f", "preset": "tiny", "objectives": None, "seed": 0,
+             "vqa_majority_baseline": 0.2, "ir_r1_chance": 0.0025,
+             "tr_r1_chance": 0.0025, "nlvr2_majority_baseline": 0.5, "refexp_random_box": 0.19}]
+    chance = chance_levels(recs)
+    assert chance["meta_sum"] == pytest.approx(100 * (0.2 + 0.0025 + 0.0025 + 0.5 + 0.19))
+    assert analyse(recs)["chance"] == chance
