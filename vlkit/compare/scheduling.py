@@ -165,7 +165,9 @@ class Comparison:
         units = self.all_units()
         pretrain = [u for u in units if len(u) == 2]
         scratch = [u for u in units if len(u) == 4 and u[2] == "scratch"]
-        progress = _Progress(units, workers, self.say, lambda i: self.specs[i].name)
+        budget = self.compare["budget"]
+        progress = _Progress(units, workers, self.say, lambda i: self.specs[i].name,
+                             lambda u: budget["pretrain_steps"] if len(u) == 2 else budget["finetune_steps"][u[3]])
         if workers <= 1:
             done = {}
             for u in [u for u in units if len(u) == 2] + [u for u in units if len(u) == 4]:
@@ -344,39 +346,42 @@ def _meta_sum(metrics: dict[str, float]) -> float:
 
 
 class _Progress:
-    """Units done of the total, elapsed time and an ETA from the mean time of finished units of each kind
-    (pre-training of a family, fine-tuning of a task) spread over the workers."""
+    """Units done of the total, elapsed time and an ETA: each remaining unit costs its step count times the
+    seconds per step of finished units of its kind (pre-training of a run, fine-tuning of a task), else of
+    its stage, else of any unit; spread over the workers."""
 
-    def __init__(self, units: list[tuple], workers: int, say: Any, run_name: Any):
+    def __init__(self, units: list[tuple], workers: int, say: Any, run_name: Any, steps: Any):
         self.remaining = list(units)
-        self.total, self.workers, self.say, self.run_name = len(units), max(1, workers), say, run_name
+        self.total, self.workers, self.say, self.run_name, self.steps = len(units), max(1, workers), say, run_name, steps
         self.start = time.perf_counter()
-        self.seconds: dict[Any, list[float]] = {}
+        self.per_step: dict[Any, list[float]] = {}
 
     @staticmethod
-    def kind(unit: tuple) -> Any:
-        return ("pretrain", unit[0]) if len(unit) == 2 else ("finetune", unit[0], unit[3])
+    def kinds(unit: tuple) -> tuple[Any, ...]:
+        """The unit's kind, its stage, and everything: from the most to the least specific."""
+        return (("pretrain", unit[0]), "pretrain", "all") if len(unit) == 2 else \
+            (("finetune", unit[0], unit[3]), "finetune", "all")
 
-    def eta(self) -> float | None:
-        known = {k: sum(v) / len(v) for k, v in self.seconds.items()}
-        overall = sum(sum(v) for v in self.seconds.values()) / max(1, sum(len(v) for v in self.seconds.values()))
-        if not known:
-            return None
-        return sum(known.get(self.kind(u), overall) for u in self.remaining) / self.workers
+    def estimate(self, unit: tuple) -> float:
+        for kind in self.kinds(unit):
+            if kind in self.per_step:
+                return self.steps(unit) * sum(self.per_step[kind]) / len(self.per_step[kind])
+        return 0.0
 
     def finished(self, unit: tuple, result: dict[str, Any]) -> None:
         seconds = result["wall_s"]
         self.remaining.remove(unit)
-        self.seconds.setdefault(self.kind(unit), []).append(seconds)
+        for kind in self.kinds(unit):
+            self.per_step.setdefault(kind, []).append(seconds / max(1, self.steps(unit)))
         done = self.total - len(self.remaining)
         elapsed = time.perf_counter() - self.start
-        eta = self.eta()
+        eta = sum(self.estimate(u) for u in self.remaining) / self.workers
         name = self.run_name(unit[0])
         what = f"{name}/seed{unit[1]} pre-training" if len(unit) == 2 else f"{name}/seed{unit[1]} {unit[2]} {unit[3]}"
         shown = result.get("shown") or ", ".join(f"{k} {100 * v:.1f}" for k, v in result.get("metrics", {}).items()
                                                  if k in HEADLINE)
         self.say(f"{done}/{self.total} units done; {what} {seconds:.0f} s" + (f" ({shown})" if shown else "")
-                 + f"; elapsed {_clock(elapsed)}" + (f", ETA {_clock(eta)}" if eta is not None and self.remaining else ""))
+                 + f"; elapsed {_clock(elapsed)}" + (f", ETA {_clock(eta)}" if self.remaining else ""))
 
 
 def _clock(seconds: float) -> str:

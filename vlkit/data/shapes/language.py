@@ -25,7 +25,12 @@ _RELATIONS = {"left": "to the left of", "right": "to the right of", "above": "ab
 # A second sentence sometimes adds the count, the largest / smallest shape or a relation. (Templates that
 # moved the listing around, with counts and sizes inside it, made ITM emerge two to three times slower.)
 _CAPTION_TEMPLATES = ("a picture of {listing}.",)
-_CAPTION_DETAILS = ("count", "relation", "largest", "smallest")  # what a caption's second sentence says
+_CAPTION_DETAILS = {  # what a caption's second sentence says
+    "count": "there {be} {n} {things}",
+    "relation": "{ref} is {relation} {ref2}",
+    "largest": "the largest shape is {a_obj}",
+    "smallest": "the smallest shape is {a_obj}",
+}
 CAPTION_DETAIL_PROB = 0.5
 _VQA_TEMPLATES = {
     "color": "what color is {ref}?",
@@ -204,22 +209,25 @@ class ShapesLanguage:
 
     def _detail(self, rng: np.random.Generator, scene: Scene) -> str | None:
         """A sentence on the scene's count, its largest / smallest shape or a clear relation (None if none holds)."""
-        kind = _CAPTION_DETAILS[int(rng.integers(len(_CAPTION_DETAILS)))]
-        objs, n = scene.objects, len(scene.objects)
+        kind = list(_CAPTION_DETAILS)[int(rng.integers(len(_CAPTION_DETAILS)))]
+        template, objs, n = _CAPTION_DETAILS[kind], scene.objects, len(scene.objects)
         if kind == "count":
-            return f"there {'is' if n == 1 else 'are'} {_NUMBER_WORDS[n]} {_PLURAL['shape'] if n > 1 else 'shape'}"
+            return template.format(be="is" if n == 1 else "are", n=_NUMBER_WORDS[n],
+                                   things=_PLURAL["shape"] if n > 1 else "shape")
         if kind == "relation":
             pairs = self._clear_pairs(scene)
             if not pairs:
                 return None
             refs = self._unique_refs(scene)
             a, b, r = self._pick(rng, pairs)
-            return f"{self._pick(rng, refs[a]).the()} is {_RELATIONS[r]} {self._pick(rng, refs[b]).the()}"
-        ext = [o.extent for o in objs]
-        best = max(ext) if kind == "largest" else min(ext)
-        if n < 2 or ext.count(best) > 1:
+            return template.format(ref=self._pick(rng, refs[a]).the(), relation=_RELATIONS[r],
+                                   ref2=self._pick(rng, refs[b]).the())
+        extent = [o.extent for o in objs]
+        best = max(extent) if kind == "largest" else min(extent)
+        if n < 2 or extent.count(best) > 1:
             return None
-        return f"the {kind} shape is {self._a_obj(objs[ext.index(best)].kind, objs[ext.index(best)].color, None)}"
+        obj = objs[extent.index(best)]
+        return template.format(a_obj=self._a_obj(obj.kind, obj.color, None))
 
     # ---- VQA --------------------------------------------------------------------------------
     def vqa(self, i: int) -> list[dict]:
@@ -448,7 +456,8 @@ _PUNCTUATION = ("!", "'", ",", "-", ".", ":", ";", "?")
 def shapes_vocab() -> list[str]:
     """The WordPiece vocabulary: special tokens ([PAD]=0), punctuation, digits, then every word
     the world's templates and fillers can produce, sorted."""
-    texts: list[str] = [*_CAPTION_TEMPLATES, *_VQA_TEMPLATES.values(), *_NLVR2_TEMPLATES.values(),
+    texts: list[str] = [*_CAPTION_TEMPLATES, *_CAPTION_DETAILS.values(), *_VQA_TEMPLATES.values(),
+                        *_NLVR2_TEMPLATES.values(),
                         *_VE_TEMPLATES.values(), *_NEUTRAL_TEMPLATES, *_POSITIONS.values(), *_RELATIONS.values(),
                         *(w for ws in _NEUTRAL_FILLERS.values() for w in ws), *_NUMBER_WORDS, *_PLURAL,
                         *_PLURAL.values(), *KINDS, *COLORS, *SIZES, *_ANSWER_WORDS, "a an the and"]
