@@ -81,7 +81,7 @@ class _RegionClassification(Objective):
     def attach(self, objectives: Mapping[str, Objective]) -> None:
         if self.share_head is None:
             return
-        other = objectives.get(self.share_head)
+        other = objectives[self.share_head] if self.share_head in objectives else None
         if not isinstance(other, _RegionClassification) or other is self or other.share_head is not None:
             raise ValueError(f"{self.name}: share_head={self.share_head!r} must name another region classification "
                              f"objective of the mix that owns its head (the mix has {', '.join(objectives)})")
