@@ -10,6 +10,7 @@ unexpected or mis-shaped key is an error naming it.
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import os
 import pickle
@@ -225,28 +226,27 @@ class Source:
     note: str = ""
 
 
-class OfficialConverter:
+class OfficialConverter(abc.ABC):
     """A family's converter. Subclasses set ``family``, ``head_kinds`` (kind -> the official key prefixes
     that hold its head; the first prefix identifies the kind) and implement `model_config`, `build` and
     `prefixes` (plus `source` / `transform` / `unused_reason` where the names are not plain prefixes)."""
 
     family: ClassVar[str] = ""
     head_kinds: ClassVar[dict[str, tuple[str, ...]]] = {}
-    backbone_prefix: ClassVar[str] = ""  # the official prefix of the backbone (``bert.``, ``uniter.``); "" for METER
 
     # -- what subclasses provide ------------------------------------------------------------------
+    @abc.abstractmethod
     def model_config(self, state: dict[str, Tensor], config: dict[str, Any], meta: dict[str, Any], name: str):
         """The family's `ModelConfig` for this checkpoint: the official ``config`` values, sizes from the shapes."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def build(self, model: nn.Module, kind: str, state: dict[str, Tensor], options: dict[str, Any]) -> nn.Module:
         """The vlkit module of ``kind``: a `Pretraining`, a task (``options`` go to its constructor), or
         ``model`` itself (kind ``model``)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def prefixes(self, kind: str) -> list[tuple[str, str]]:
         """``(vlkit prefix, official prefix)`` renames for the module of ``kind``, tried in order."""
-        raise NotImplementedError
 
     def unused_reason(self, key: str, kind: str) -> str | None:
         """Why the official ``key`` has no place in the vlkit module of ``kind`` (None: it should have one)."""

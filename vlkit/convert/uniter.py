@@ -26,7 +26,6 @@ _REGION_CLASSIFIER = [("transform.dense.", "net.0."), ("transform.LayerNorm.", "
 
 class UniterConverter(OfficialConverter):
     family = "uniter"
-    backbone_prefix = "uniter."
     head_kinds = {
         PRETRAINING: ("cls.predictions.", "cls.", "feat_regress.", "region_classifier.", "itm_output."),
         "vqa": ("vqa_output.",),

@@ -42,7 +42,6 @@ _Q_DENSE = re.compile(r"bert\.encoder\.c_layer\.\d+\.biOutput\.q_dense[12]\.")
 
 class ViLBERTConverter(OfficialConverter):
     family = "vilbert"
-    backbone_prefix = "bert."
     head_kinds = {
         PRETRAINING: ("cls.predictions.", "cls."),
         "vqa": ("vil_prediction.",),
