@@ -47,6 +47,8 @@ class UniterConverter(OfficialConverter):
         from vlkit.models.uniter import UniterConfig
 
         v = config_fields(config, CONFIG_KEYS, IGNORED_KEYS, name)
+        # NLVR2 models grow the token types to 3 after reading uniter-base.json (nlvr2.py init_type_embedding)
+        v.pop("type_vocab_size", None)
         word = require(state, "uniter.embeddings.word_embeddings.weight", name)
         image = require(state, "uniter.img_embeddings.img_linear.weight", name)
         for key, value, evidence in (
