@@ -102,9 +102,15 @@ class OfficialReport(ConversionReport):
 # --------------------------------------------------------------------------------------------
 # Reading
 # --------------------------------------------------------------------------------------------
-def _refused_global(err: Exception) -> str:
-    match = re.search(r"GLOBAL ([\w.]+)", str(err))
-    return match.group(1) if match else str(err).strip().splitlines()[0][:200]
+def _refusal(err: Exception) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a file: the global it would have had to load, or the
+    unpickler's own reason."""
+    text = str(err)
+    match = re.search(r"GLOBAL ([\w.]+)", text)
+    if match:
+        return f"it pickles {match.group(1)}, which is not a tensor or a plain container"
+    match = re.search(r"WeightsUnpickler error: \s*(\S[^\n]*)", text)
+    return f"torch.load(weights_only=True) cannot read it ({(match.group(1) if match else text.splitlines()[0])[:200]})"
 
 
 def _torch_load(path: Path) -> Any:
@@ -115,9 +121,8 @@ def _torch_load(path: Path) -> Any:
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         raise ConversionError(
-            f"{path}: refused: it pickles {_refused_global(err)}, which is not a tensor or a plain container; vlkit "
-            "reads checkpoints with torch.load(weights_only=True) and never runs pickled code (re-save the state "
-            "dict as safetensors in an environment you trust)") from None
+            f"{path}: refused: {_refusal(err)}; vlkit reads checkpoints with torch.load(weights_only=True) and never "
+            "runs pickled code (re-save the state dict as safetensors in an environment you trust)") from None
     except (RuntimeError, EOFError, OSError, ValueError) as err:
         raise ConversionError(f"{path}: not a readable torch checkpoint ({str(err).splitlines()[0][:200]})") from None
 
