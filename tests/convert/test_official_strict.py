@@ -113,6 +113,7 @@ class Payload:
         return os.makedirs, (str(self.marker),)
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_pickle_payloads_are_refused(tmp_path):
     marker = tmp_path / "PWNED"
     files = {

@@ -191,3 +191,13 @@ def test_finetuned_layouts(layout, task_name, expect, config):
         assert task.label_names == ["contradiction", "entailment", "neutral"]
     if layout.startswith("re"):
         assert isinstance(task.head, torch.nn.Sequential) == (layout == "re_mlp2")
+
+
+def test_backbone_only_gives_the_model(config):
+    """A file without heads converts to the bare model; ``task="model"`` drops the heads of one that has them."""
+    from vlkit.models.uniter import Uniter
+
+    assert isinstance(from_official("uniter", _backbone(), config=config), Uniter)
+    model, report = from_official("uniter", fixture_path("uniter_pretrain.pt"), config=config, task="model",
+                                  return_report=True)
+    assert isinstance(model, Uniter) and "task=pretraining" in report.unused["itm_output.weight"]

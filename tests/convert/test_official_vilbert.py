@@ -183,6 +183,7 @@ def test_multitask_heads_without_a_vlkit_task_are_reported(config):
     assert task.task_id == 1 and task.head_name == "vil_prediction"
 
 
+@pytest.mark.filterwarnings("ignore:.*weight_norm.*is deprecated")
 def test_beta_weight_norm_classifier(config):
     """A vilbert_beta VQA head (``SimpleClassifier``: weight-normalised Linear, ReLU, Dropout, Linear) is folded
     into plain weights that give the same logits as the weight-normalised layers."""

@@ -8,6 +8,7 @@ bottom-up-attention detectors (`vlkit.convert.detector`).
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -63,20 +64,18 @@ def save_converted(module: nn.Module, report: OfficialReport, directory: str | o
     """Write a converted module as a vlkit run directory: ``model/`` (``save_pretrained``), the module's
     weights (``pretraining.safetensors`` or ``task.safetensors``) and ``run.json``, which
     `vlkit.from_pretrained`, ``vlkit finetune init=`` and ``vlkit evaluate checkpoint=`` read."""
+    from vlkit.io import atomic_write_text
     from vlkit.models.base import VLModel
     from vlkit.objectives.mix import Pretraining
-    from vlkit.train.pipeline import save_run
+    from vlkit.train.pipeline import RUN_INFO, save_run
 
     directory = Path(directory)
     converted = {"source": report.source, "family": report.family, "kind": report.kind,
                  "unused": report.unused, "transformed": report.transformed, "cast": len(report.cast)}
-    if isinstance(module, VLModel):
+    if isinstance(module, VLModel):  # no heads: the model alone
         module.save_pretrained(directory / "model")
-        from vlkit.io import atomic_write_text
-        import json
-
-        atomic_write_text(directory / "run.json", json.dumps({"kind": "model", "family": module.family,
-                                                               "converted": converted}, indent=2, sort_keys=True))
+        info = {"kind": "model", "family": module.family, "converted": converted}
+        atomic_write_text(directory / RUN_INFO, json.dumps(info, indent=2, sort_keys=True))
         return directory
     if isinstance(module, Pretraining):
         info = {"kind": "pretrain", "family": module.model.family, "objectives": module.mix, "seed": module.seed,

@@ -66,6 +66,8 @@ def evaluate(cfg) -> int:
     if not info_path.is_file():
         raise FileNotFoundError(f"{info_path} is missing: checkpoint= must name a vlkit pretrain or finetune output_dir")
     info = json.loads(info_path.read_text())
+    if info["kind"] not in ("pretrain", "finetune"):
+        raise ValueError(f"{directory} holds a {info['kind']} without heads: fine-tune it (init={directory}) first")
     model_dir = directory / "model"
     model_cfg = pipeline.saved_model_config(directory)  # the run's model config: its input geometry
     data_cfg = info["data"] if info.get("data") is not None else cfg.data
