@@ -3,6 +3,7 @@ id tokenizer (`tests/fixtures/README.md` describes the fixtures)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -24,6 +25,9 @@ def close(actual: torch.Tensor, expected: torch.Tensor, what: str, atol: float =
     actual, expected = torch.as_tensor(actual).float(), torch.as_tensor(expected).float()
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != official {tuple(expected.shape)}"
     diff = (actual - expected).abs().max().item() if actual.numel() else 0.0
+    if os.environ.get("VLKIT_PARITY_LOG"):  # the figures README reports: VLKIT_PARITY_LOG=path pytest tests/convert
+        with open(os.environ["VLKIT_PARITY_LOG"], "a") as log:
+            log.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '').split(' ')[0]}\t{what}\t{diff:.3g}\n")
     assert diff <= atol, f"{what}: max |vlkit - official| = {diff:.3g} > {atol}"
     return diff
 
