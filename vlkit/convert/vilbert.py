@@ -34,8 +34,7 @@ IGNORED_KEYS = {
     "visualization": "debug output",
 }
 CHECKS = {"visual_target": 0, "dynamic_attention": False, "with_coattention": True, "model": "bert"}
-# vilbert_tasks.yml task ids of the converted tasks (retrieval: Flickr30k, refexp: refcoco+)
-TASK_IDS = {"vqa": 1, "gqa": 15, "retrieval": 8, "refexp": 10, "nlvr2": 12, "snli_ve": 13}
+GQA_TASK_ID = 15  # vilbert_tasks.yml TASK15 (the other tasks' ids: ViLBERT.official_task_ids)
 VE_LABELS = ("contradiction", "neutral", "entailment")  # visual_entailment_dataset.py LABEL_MAP
 _Q_DENSE = re.compile(r"bert\.encoder\.c_layer\.\d+\.biOutput\.q_dense[12]\.")
 
@@ -118,7 +117,7 @@ class ViLBERTConverter(OfficialConverter):
         from vlkit.tasks import build_task
 
         if kind not in (MODEL, PRETRAINING) and model.config.task_specific_tokens:
-            options.setdefault("task_id", TASK_IDS[kind])
+            options.setdefault("task_id", GQA_TASK_ID if kind == "gqa" else model.official_task_ids[kind])
         if kind == MODEL:
             return model
         if kind == PRETRAINING:
