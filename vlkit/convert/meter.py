@@ -133,6 +133,13 @@ class MeterConverter(OfficialConverter):
         "snli_ve": ("snli_classifier.",),
         "retrieval": ("rank_output.", "itm_score."),
     }
+    head_names = {
+        PRETRAINING: (("objectives.mlm.predictions.", "mlm_score."), ("objectives.itm.itm_head.fc.", "itm_score.fc.")),
+        "retrieval": (("rank_output.", "rank_output."), ("itm.itm_head.fc.", "itm_score.fc.")),
+        "vqa": (("vqa_classifier.", "vqa_classifier."),),
+        "nlvr2": (("nlvr2_classifier.", "nlvr2_classifier."),),
+        "snli_ve": (("snli_classifier.", "snli_classifier."),),
+    }
 
     def model_config(self, state: dict[str, Tensor], config: dict[str, Any], meta: dict[str, Any], name: str):
         from vlkit.models.meter import MeterConfig
@@ -179,18 +186,6 @@ class MeterConverter(OfficialConverter):
             itm = build_objective("itm", model) if "itm_score.fc.weight" in state else None
             return build_task("retrieval", model, **{"itm": itm, "init_from_itm": False, **options})
         return build_task(kind, model, **options)
-
-    def prefixes(self, kind: str) -> list[tuple[str, str]]:
-        if kind == MODEL:
-            return [("", "")]
-        out = [("model.", "")]
-        if kind == PRETRAINING:
-            out = [("objectives.mlm.predictions.", "mlm_score."), ("objectives.itm.itm_head.fc.", "itm_score.fc."), *out]
-        elif kind == "retrieval":
-            out += [("rank_output.", "rank_output."), ("itm.itm_head.fc.", "itm_score.fc.")]
-        else:
-            out += [(p, p) for p in self.head_kinds[kind]]
-        return out
 
     def source(self, key: str, kind: str, state: Mapping[str, Tensor]) -> Source | None:
         inner = key if kind == MODEL else key[len("model."):] if key.startswith("model.") else None

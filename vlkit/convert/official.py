@@ -232,12 +232,16 @@ class Source:
 
 
 class OfficialConverter(abc.ABC):
-    """A family's converter. Subclasses set ``family``, ``head_kinds`` (kind -> the official key prefixes
-    that hold its head; the first prefix identifies the kind) and implement `model_config`, `build` and
-    `prefixes` (plus `source` / `transform` / `unused_reason` where the names are not plain prefixes)."""
+    """A family's converter. Subclasses set ``family``, ``backbone`` (the official prefix of the model's own
+    keys), ``head_kinds`` (kind -> the official key prefixes that hold its head; the first identifies the
+    kind) and ``head_names`` (kind -> ``(vlkit prefix, official prefix)`` renames of its heads), and
+    implement `model_config` and `build` (plus `source` / `transform` / `unused_reason` where the names are
+    not plain prefixes)."""
 
     family: ClassVar[str] = ""
+    backbone: ClassVar[str] = ""
     head_kinds: ClassVar[dict[str, tuple[str, ...]]] = {}
+    head_names: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {}
 
     # -- what subclasses provide ------------------------------------------------------------------
     @abc.abstractmethod
@@ -249,9 +253,11 @@ class OfficialConverter(abc.ABC):
         """The vlkit module of ``kind``: a `Pretraining`, a task (``options`` go to its constructor), or
         ``model`` itself (kind ``model``)."""
 
-    @abc.abstractmethod
     def prefixes(self, kind: str) -> list[tuple[str, str]]:
         """``(vlkit prefix, official prefix)`` renames for the module of ``kind``, tried in order."""
+        if kind == MODEL:
+            return [("", self.backbone)]
+        return [("model.", self.backbone), *self.head_names.get(kind, ())]
 
     def unused_reason(self, key: str, kind: str) -> str | None:
         """Why the official ``key`` has no place in the vlkit module of ``kind`` (None: it should have one)."""

@@ -26,6 +26,7 @@ _REGION_CLASSIFIER = [("transform.dense.", "net.0."), ("transform.LayerNorm.", "
 
 class UniterConverter(OfficialConverter):
     family = "uniter"
+    backbone = "uniter."
     head_kinds = {
         PRETRAINING: ("cls.predictions.", "cls.", "feat_regress.", "region_classifier.", "itm_output."),
         "vqa": ("vqa_output.",),
@@ -33,6 +34,19 @@ class UniterConverter(OfficialConverter):
         "retrieval": ("rank_output.", "itm_output."),
         "nlvr2": ("nlvr2_output.", "attn1.", "attn2.", "fc.", "attn_pool."),
         "refexp": ("re_output.",),
+    }
+
+    head_names = {
+        PRETRAINING: (("objectives.mlm.predictions.", "cls.predictions."),
+                      ("objectives.mrfr.net.dense.", "feat_regress.net.0."),
+                      ("objectives.mrfr.net.LayerNorm.", "feat_regress.net.2."),
+                      ("objectives.mrfr.", "feat_regress."),
+                      ("objectives.itm.itm_head.fc.", "itm_output."),
+                      *((f"objectives.{name}.predictions.{ours}", f"region_classifier.{theirs}")
+                        for name in ("mrc", "mrc_kl") for ours, theirs in _REGION_CLASSIFIER)),
+        "retrieval": (("rank_output.", "rank_output."), ("itm.itm_head.fc.", "itm_output.")),
+        **{kind: tuple((p, p) for p in prefixes) for kind, prefixes in head_kinds.items()
+           if kind not in (PRETRAINING, "retrieval")},
     }
 
     def normalize(self, state: dict[str, Tensor], report: OfficialReport) -> dict[str, Tensor]:
@@ -106,24 +120,6 @@ class UniterConverter(OfficialConverter):
             head = "pair_biattn" if "attn1.in_proj_weight" in state else "pair"
             return build_task("nlvr2", model, **{"head": head, **options})
         return build_task("refexp", model, **{"mlp": 2 if "re_output.0.weight" in state else 1, **options})
-
-    def prefixes(self, kind: str) -> list[tuple[str, str]]:
-        if kind == MODEL:
-            return [("", "uniter.")]
-        out = [("model.", "uniter.")]
-        if kind == PRETRAINING:
-            out += [("objectives.mlm.predictions.", "cls.predictions."),
-                    ("objectives.mrfr.net.dense.", "feat_regress.net.0."),
-                    ("objectives.mrfr.net.LayerNorm.", "feat_regress.net.2."),
-                    ("objectives.mrfr.", "feat_regress."),
-                    ("objectives.itm.itm_head.fc.", "itm_output.")]
-            out += [(f"objectives.{name}.predictions.{ours}", f"region_classifier.{theirs}")
-                    for name in ("mrc", "mrc_kl") for ours, theirs in _REGION_CLASSIFIER]
-        elif kind == "retrieval":
-            out += [("rank_output.", "rank_output."), ("itm.itm_head.fc.", "itm_output.")]
-        else:
-            out += [(prefix, prefix) for prefix in self.head_kinds[kind]]
-        return out
 
     def source(self, key: str, kind: str, state: dict[str, Tensor]) -> Source | None:
         if key == "objectives.mlm.predictions.decoder.weight":

@@ -50,11 +50,18 @@ class ViLBERTConverter(OfficialConverter):
         "nlvr2": ("vil_binary_prediction.",),
         "snli_ve": ("vil_tri_prediction.",),
     }
-    _task_heads = {"vqa": ("vil_prediction.", "vil_prediction.logit_fc."),
-                   "gqa": ("vil_prediction_gqa.", "vil_prediction_gqa.logit_fc."),
-                   "retrieval": ("vil_logit.", "vil_logit."), "refexp": ("vision_logit.", "vision_logit."),
-                   "nlvr2": ("vil_binary_prediction.", "vil_binary_prediction.logit_fc."),
-                   "snli_ve": ("vil_tri_prediction.", "vil_tri_prediction.")}
+    backbone = "bert."
+    head_names = {
+        PRETRAINING: (("objectives.mlm.predictions.", "cls.predictions."),
+                      ("objectives.mrc_kl.predictions.", "cls.imagePredictions."),
+                      ("objectives.itm.itm_head.fc.", "cls.bi_seq_relationship.")),
+        "vqa": (("vil_prediction.", "vil_prediction.logit_fc."),),
+        "gqa": (("vil_prediction_gqa.", "vil_prediction_gqa.logit_fc."),),
+        "retrieval": (("vil_logit.", "vil_logit."),),
+        "refexp": (("vision_logit.", "vision_logit."),),
+        "nlvr2": (("vil_binary_prediction.", "vil_binary_prediction.logit_fc."),),
+        "snli_ve": (("vil_tri_prediction.", "vil_tri_prediction."),),
+    }
 
     def normalize(self, state: dict[str, Tensor], report: OfficialReport) -> dict[str, Tensor]:
         return rename_legacy_layer_norm(state, report)
@@ -128,24 +135,12 @@ class ViLBERTConverter(OfficialConverter):
             return build_pretraining(model, pretraining_mix(model, present, options={"mlm": {"tied": tied}}))
         if kind in ("vqa", "gqa"):
             beta = "vil_prediction.main.3.weight_v" in state
-            out = state["vil_prediction.main.3.weight_v" if beta else f"{self._task_heads[kind][1]}3.weight"]
+            out = state["vil_prediction.main.3.weight_v" if beta else f"{self.head_names[kind][0][1]}3.weight"]
             head = "gqa" if kind == "gqa" else "beta" if beta else None
             return build_task("vqa", model, **{"num_answers": out.shape[0], "head": head, **options})
         if kind == "snli_ve":
             return build_task("snli_ve", model, **{"labels": VE_LABELS, **options})
         return build_task(kind, model, **options)
-
-    def prefixes(self, kind: str) -> list[tuple[str, str]]:
-        if kind == MODEL:
-            return [("", "bert.")]
-        out = [("model.", "bert.")]
-        if kind == PRETRAINING:
-            out += [("objectives.mlm.predictions.", "cls.predictions."),
-                    ("objectives.mrc_kl.predictions.", "cls.imagePredictions."),
-                    ("objectives.itm.itm_head.fc.", "cls.bi_seq_relationship.")]
-        else:
-            out.append(self._task_heads[kind])
-        return out
 
     def source(self, key: str, kind: str, state: Mapping[str, Tensor]) -> Source | None:
         if key == "objectives.mlm.predictions.decoder.weight":  # tied: older files may keep only the embeddings
