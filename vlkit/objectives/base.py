@@ -105,7 +105,7 @@ class Objective(nn.Module, metaclass=abc.ABCMeta):
         overridden by ``given``."""
         return {**model.objective_defaults.get(cls.name, {}), **given}
 
-    def attach(self, objectives: "Mapping[str, Objective]") -> None:
+    def attach(self, objectives: Mapping[str, Objective]) -> None:
         """Called once the mixture holds all its objectives (by name): a head shared with another
         objective is taken from it here."""
 
