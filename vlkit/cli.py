@@ -27,23 +27,34 @@ COMMANDS = {
     "extract-features": ("vlkit.features.commands:extract_features", "extract region features into an h5 store"),
     "import-features": ("vlkit.features.commands:import_features", "import region features from TSV / npz formats"),
     "make-shapes": ("vlkit.data.shapes:make_shapes_main", "write the embedded shapes world to disk"),
+    "convert": ("vlkit.convert.commands:convert", "convert a released ViLBERT / UNITER / METER checkpoint"),
 }
 
 
-def _file_options(overrides: list[str], search_dir: Path) -> list[str]:
+def _file_options(overrides: list[str], search_dir: Path, plain_keys: frozenset[str] = frozenset()) -> list[str]:
     """Turn ``group=<path.yaml>`` overrides into options of a search path: each file is copied to
-    ``search_dir/<group>/`` under a name no shipped option has, and the override names it."""
+    ``search_dir/<group>/`` under a name no shipped option has, and the override names it. Keys in
+    ``plain_keys`` (values of the command's own config, e.g. ``vlkit convert config=``) keep the path."""
     out = []
     for override in overrides:
         key, sep, value = override.partition("=")
         path = Path(value)
-        if sep and key.isidentifier() and path.suffix in (".yaml", ".yml") and path.is_file():
+        if sep and key.isidentifier() and key not in plain_keys and path.suffix in (".yaml", ".yml") and path.is_file():
             option = f"file_{len(out)}_{path.stem}"
             (search_dir / key).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, search_dir / key / f"{option}.yaml")
             override = f"{key}={option}"
         out.append(override)
     return out
+
+
+def _plain_keys(command: str) -> frozenset[str]:
+    """The top-level keys of ``conf/<command>.yaml`` that are values, not config groups."""
+    import yaml
+
+    path = CONF_DIR / f"{command}.yaml"
+    values = yaml.safe_load(path.read_text()) if path.is_file() else None
+    return frozenset(k for k in (values or {}) if k != "defaults" and not (CONF_DIR / k).is_dir())
 
 
 def compose(command: str, overrides: list[str] | None = None):
@@ -56,7 +67,7 @@ def compose(command: str, overrides: list[str] | None = None):
     register_hydra_configs()
     register_trainer_configs()
     with tempfile.TemporaryDirectory(prefix="vlkit-conf-") as search_dir:
-        overrides = _file_options(list(overrides or []), Path(search_dir))
+        overrides = _file_options(list(overrides or []), Path(search_dir), _plain_keys(command))
         if any(Path(search_dir).iterdir()):
             overrides.append(f"hydra.searchpath=[file://{search_dir}]")
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=f"vlkit-{command}"):

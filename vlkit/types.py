@@ -43,7 +43,10 @@ class VLBatch:
     Text: ``input_ids`` / ``attention_mask`` [B, T]. Image: either regions (``region_feats``
     [B, K, D], ``region_boxes`` [B, K, 4] normalised xyxy, ``region_mask`` [B, K], optional
     ``region_soft_labels`` [B, K, C] with background in column 0, optional ``image_size`` [B, 2]
-    as (h, w) pixels) or pixels (``pixel_values`` [B, 3, H, W]). ``region_masked`` [B, K] marks
+    as (h, w) pixels, optional ``region_wh`` [B, K, 2] (normalised box width and height as the
+    feature file stored them: UNITER's fp16 ``norm_bb[:, 4:6]``), optional ``region_global`` [B, D]
+    (the mean feature of all the image's stored regions, before box selection: ViLBERT's task-loader
+    [IMG] feature)) or pixels (``pixel_values`` [B, 3, H, W]). ``region_masked`` [B, K] marks
     regions hidden by region masking (UNITER adds its learned mask embedding there). Task targets
     ride along in ``targets``; ``ids`` / ``image_ids`` name the examples for auditing.
     """
@@ -56,6 +59,8 @@ class VLBatch:
     region_soft_labels: Tensor | None = None
     region_masked: Tensor | None = None
     image_size: Tensor | None = None
+    region_wh: Tensor | None = None
+    region_global: Tensor | None = None
     pixel_values: Tensor | None = None
     targets: dict[str, Any] = field(default_factory=dict)
     ids: list[str] | None = None
@@ -72,18 +77,21 @@ class VLBatch:
         if present and len(present) != len(_REGION_FIELDS):
             missing = sorted(set(_REGION_FIELDS) - set(present))
             raise ValueError(f"VLBatch: region inputs need {', '.join(_REGION_FIELDS)}; missing {', '.join(missing)}")
-        for name in (*_REGION_FIELDS, "region_soft_labels", "region_masked", "image_size", "pixel_values"):
+        for name in (*_REGION_FIELDS, "region_soft_labels", "region_masked", "image_size", "region_wh", "region_global",
+                     "pixel_values"):
             value = getattr(self, name)
             if value is not None and value.shape[0] != b:
                 raise ValueError(f"VLBatch: {name} has batch size {value.shape[0]}, input_ids has {b}")
         if self.region_feats is not None:
             k = self.region_feats.shape[1]
-            for name in ("region_boxes", "region_mask", "region_soft_labels", "region_masked"):
+            for name in ("region_boxes", "region_mask", "region_soft_labels", "region_masked", "region_wh"):
                 value = getattr(self, name)
                 if value is not None and value.shape[1] != k:
                     raise ValueError(f"VLBatch: {name} has {value.shape[1]} regions, region_feats has {k}")
             if self.region_boxes.shape[-1] != 4:
                 raise ValueError(f"VLBatch: region_boxes must be [B, K, 4] xyxy, got {tuple(self.region_boxes.shape)}")
+            if self.region_wh is not None and self.region_wh.shape[-1] != 2:
+                raise ValueError(f"VLBatch: region_wh must be [B, K, 2], got {tuple(self.region_wh.shape)}")
         for name in ("ids", "image_ids"):
             value = getattr(self, name)
             if value is not None and len(value) != b:

@@ -2,12 +2,14 @@
 
 An example is a dict: ``id``, ``image_id``, ``input_ids`` [T] and the image side from an image
 source (``region_feats`` [K, D], ``region_boxes`` [K, 4] normalised xyxy, optional
-``region_soft_labels`` [K, C], ``image_size`` [2] (h, w); or ``pixel_values`` [3, H, W]); task
+``region_soft_labels`` [K, C], ``image_size`` [2] (h, w), optional ``region_wh`` [K, 2] and ``region_global``
+[D]; or ``pixel_values`` [3, H, W]); task
 datasets add a ``targets`` dict. `VLCollator` turns a list of them into a `VLBatch`.
 """
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -28,11 +30,14 @@ class RegionSource:
     """Regions of a `vlkit.features.store.FeatureStore` (or its path).
 
     The number of boxes is chosen at load time: ``num_bb`` fixed, else UNITER's
-    ``min(max_bb, max(min_bb, #(conf > conf_th)))``. Boxes are normalised by the image w / h.
+    ``min(max_bb, max(min_bb, #(conf > conf_th)))``. Boxes are normalised by the image w / h; the
+    store's ``box_wh`` (the box size as the source format stored it) rides along as ``region_wh``.
+    ``global_feature=True`` adds ``region_global``: the mean of all the image's stored regions, before
+    the box count is cut (ViLBERT's task loaders compute their [IMG] feature that way).
     """
 
     def __init__(self, store: Any, num_bb: int | None = None, conf_th: float = 0.2, max_bb: int = 100,
-                 min_bb: int = 10, soft_labels: bool = True):
+                 min_bb: int = 10, soft_labels: bool = True, global_feature: bool = False):
         if isinstance(store, (str, os.PathLike)):
             from vlkit.features.store import FeatureStore
 
@@ -40,6 +45,7 @@ class RegionSource:
         self.store = store
         self.load_kwargs = {"num_bb": num_bb, "conf_th": conf_th, "max_bb": max_bb, "min_bb": min_bb}
         self.soft_labels = soft_labels
+        self.global_feature = global_feature
         self._units: dict[str, int] = {}
 
     def __call__(self, image_id: str) -> dict[str, Tensor]:
@@ -51,6 +57,11 @@ class RegionSource:
                "image_size": torch.tensor([r.image_h, r.image_w], dtype=torch.long)}
         if self.soft_labels and r.cls_prob is not None:
             out["region_soft_labels"] = torch.as_tensor(r.cls_prob, dtype=torch.float32)
+        if r.box_wh is not None:
+            out["region_wh"] = torch.as_tensor(r.box_wh, dtype=torch.float32)
+        if self.global_feature:
+            every = self.store.load(image_id, num_bb=sys.maxsize).features
+            out["region_global"] = torch.as_tensor(every, dtype=torch.float32).sum(0) / len(every)
         return out
 
     def units(self, image_id: str) -> int:
@@ -238,8 +249,11 @@ class VLCollator:
             fields["region_feats"] = pad_stack([e["region_feats"] for e in examples])
             fields["region_boxes"] = pad_stack([e["region_boxes"] for e in examples])
             fields["region_mask"] = _lengths_mask([len(e["region_feats"]) for e in examples]).long()
-            if "region_soft_labels" in first:
-                fields["region_soft_labels"] = pad_stack([e["region_soft_labels"] for e in examples])
+            for name in ("region_soft_labels", "region_wh"):
+                if name in first:
+                    fields[name] = pad_stack([e[name] for e in examples])
+            if "region_global" in first:
+                fields["region_global"] = torch.stack([e["region_global"] for e in examples])
         if "image_size" in first:
             fields["image_size"] = torch.stack([torch.as_tensor(e["image_size"]) for e in examples])
         if "pixel_values" in first:
@@ -329,7 +343,8 @@ def _image_source(cfg: Mapping[str, Any], world: Any = None):
         if not cfg.get("path"):
             raise ValueError("data.image.path must name a feature store (.h5) when data.image.source=features")
         return RegionSource(cfg["path"], num_bb=cfg.get("num_bb"), conf_th=cfg.get("conf_th", 0.2),
-                            max_bb=cfg.get("max_bb", 100), min_bb=cfg.get("min_bb", 10))
+                            max_bb=cfg.get("max_bb", 100), min_bb=cfg.get("min_bb", 10),
+                            global_feature=bool(cfg.get("global_feature", False)))
     from vlkit.features.patches import pixel_transform
 
     if "mean" in cfg or "std" in cfg:

@@ -122,9 +122,10 @@ def _image_sizes(image_sizes: Mapping[str, Any] | str | os.PathLike | None) -> M
 
 
 def uniter_npz_records(src: str | os.PathLike, image_sizes: Mapping[str, Any] | str | os.PathLike | None = None) -> Iterator[Record]:
-    """UNITER npz directory (float16 ``norm_bb`` [N, 6], ``features``, ``conf``, ``soft_labels``); the id
-    is the file stem. ``norm_bb`` is normalised: with ``image_sizes`` (``{id: [h, w]}`` or a JSON file)
-    boxes become pixels; without, they stay normalised and image_h = image_w = 1."""
+    """UNITER npz directory (float16 ``norm_bb`` [N, 6], ``features``, ``conf`` [N] or [N, 1], ``soft_labels``);
+    the id is the file stem. ``norm_bb`` is normalised: with ``image_sizes`` (``{id: [h, w]}`` or a JSON file)
+    boxes become pixels; without, they stay normalised and image_h = image_w = 1. The stored box width and
+    height (``norm_bb[:, 4:6]``) go to the store's ``box_wh``."""
     sizes = _image_sizes(image_sizes)
     for path in _files(Path(src), (".npz",)):
 
@@ -138,7 +139,10 @@ def uniter_npz_records(src: str | os.PathLike, image_sizes: Mapping[str, Any] | 
             if h is None:
                 raise KeyError(f"{path}: image id {path.stem!r} has no entry in image_sizes")
             boxes = norm_bb[:, :4].astype(np.float32) * np.array([w, h, w, h], dtype=np.float32)
-            return {"features": feats, "boxes": boxes, "image_h": h, "image_w": w, "conf": conf, "cls_prob": soft}
+            # conf is [N, 1] in the npz save_to_npz writes; w/H, h/H (columns 4:6) are kept as stored (UNITER's
+            # 7-d position multiplies these fp16 values, data.py L248-252)
+            return {"features": feats, "boxes": boxes, "image_h": h, "image_w": w, "conf": conf.reshape(len(conf)),
+                    "cls_prob": soft, "box_wh": norm_bb[:, 4:6].astype(np.float32)}
 
         yield path.stem, parse
 

@@ -2,7 +2,8 @@
 
 Layout: one group per image id (``/<image_id>/``; ``%`` and ``/`` in ids are %-escaped) with datasets
 ``features`` [N, D] (float16 or float32), ``boxes`` [N, 4] (float32 pixels, xyxy), optional ``cls_prob``
-[N, C] (background first), ``attr_prob`` [N, A], ``conf`` [N], ``objects_id``/``objects_conf``,
+[N, C] (background first), ``attr_prob`` [N, A], ``conf`` [N], ``box_wh`` [N, 2] (normalised box width and
+height exactly as the source format stored them, e.g. UNITER's fp16 ``norm_bb[:, 4:6]``), ``objects_id``/``objects_conf``,
 ``attrs_id``/``attrs_conf``, and attributes ``image_h``, ``image_w``. Rows are sorted by descending
 ``conf`` (file attribute ``box_order``). File attributes record the format, the field schema and the
 extractor's provenance (JSON).
@@ -33,7 +34,7 @@ FORMAT_VERSION = 1
 # field -> (rank, storage dtype; None = the writer's feature dtype)
 FIELDS: dict[str, tuple[int, str | None]] = {
     "features": (2, None), "boxes": (2, "float32"), "cls_prob": (2, None), "attr_prob": (2, None),
-    "conf": (1, "float32"), "objects_id": (1, "int32"), "objects_conf": (1, "float32"),
+    "conf": (1, "float32"), "box_wh": (2, "float32"), "objects_id": (1, "int32"), "objects_conf": (1, "float32"),
     "attrs_id": (1, "int32"), "attrs_conf": (1, "float32"),
 }
 REQUIRED = ("features", "boxes")
@@ -153,7 +154,7 @@ class FeatureStoreWriter:
             )
 
     def add(self, image_id: str, *, features: Any, boxes: Any, image_h: int, image_w: int, **optional: Any) -> None:
-        """Add one image; optional fields: ``cls_prob``, ``attr_prob``, ``conf``, ``objects_id``,
+        """Add one image; optional fields: ``cls_prob``, ``attr_prob``, ``conf``, ``box_wh``, ``objects_id``,
         ``objects_conf``, ``attrs_id``, ``attrs_conf``. Rows are re-sorted by descending ``conf``."""
         if self._closed:
             raise FeatureStoreError(f"{self.path}: writer is closed")
@@ -264,6 +265,7 @@ class Regions:
     image_h: int
     image_w: int
     conf: np.ndarray | None = None
+    box_wh: np.ndarray | None = None
     cls_prob: np.ndarray | None = None
     attr_prob: np.ndarray | None = None
     objects_id: np.ndarray | None = None

@@ -261,10 +261,13 @@ def list_presets() -> list[str]:
 
 
 def from_pretrained(directory: str | Path, map_location: str | torch.device = "cpu") -> VLModel:
-    """Rebuild a model saved by ``save_pretrained`` (same family, preset, config and weights)."""
+    """Rebuild a model saved by ``save_pretrained`` (same family, preset, config and weights); a run
+    directory (a pre-training or fine-tuning output, a converted official checkpoint) gives its ``model/``."""
     from safetensors.torch import load_model
 
     directory = Path(directory)
+    if not (directory / CONFIG_NAME).is_file() and (directory / "model" / CONFIG_NAME).is_file():
+        directory = directory / "model"
     config_path, weights_path = directory / CONFIG_NAME, directory / WEIGHTS_NAME
     for path in (config_path, weights_path):
         if not path.is_file():

@@ -9,11 +9,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-def box_locations(boxes: Tensor, dims: int) -> Tensor:
+def box_locations(boxes: Tensor, dims: int, wh: Tensor | None = None) -> Tensor:
     """Normalised xyxy boxes [..., 4] -> ViLBERT 5-d ``[x1,y1,x2,y2,area]`` or UNITER 7-d
-    ``[x1,y1,x2,y2,w,h,w*h]`` location features."""
+    ``[x1,y1,x2,y2,w,h,w*h]`` location features. ``wh`` [..., 2] gives w and h as the feature file
+    stored them (UNITER reads the fp16 ``norm_bb[:, 4:6]`` instead of recomputing them, ``data.py`` L248-252);
+    without it they are ``x2 - x1`` and ``y2 - y1``."""
     x1, y1, x2, y2 = boxes.unbind(-1)
-    w, h = x2 - x1, y2 - y1
+    w, h = (x2 - x1, y2 - y1) if wh is None else wh.to(boxes.dtype).unbind(-1)
     if dims == 5:
         return torch.stack([x1, y1, x2, y2, w * h], dim=-1)
     if dims == 7:
@@ -81,7 +83,8 @@ class UniterRegionEmbeddings(nn.Module):
     """``LN(LN(img_linear f) + LN(pos_linear 7-d) + type)`` (UNITER ``UniterImageEmbeddings``).
 
     Masked regions (``masked`` True) get the learned ``mask_embedding[1]`` added to their (zeroed)
-    feature; row 0 of the table is never used, as in the official code.
+    feature; row 0 of the table is never used, as in the official code. ``wh``: the stored box width
+    and height (see `box_locations`).
     """
 
     def __init__(self, feature_size: int, hidden_size: int, eps: float = 1e-12, dropout: float = 0.1):
@@ -94,11 +97,12 @@ class UniterRegionEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(hidden_size, eps=eps)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, feats: Tensor, boxes: Tensor, type_embeddings: Tensor, masked: Tensor | None = None) -> Tensor:
+    def forward(self, feats: Tensor, boxes: Tensor, type_embeddings: Tensor, masked: Tensor | None = None,
+                wh: Tensor | None = None) -> Tensor:
         if masked is not None:
             feats = feats + masked[..., None].to(feats.dtype) * self.mask_embedding.weight[1]
-        emb = (self.img_layer_norm(self.img_linear(feats)) + self.pos_layer_norm(self.pos_linear(box_locations(boxes, 7)))
-               + type_embeddings)
+        locations = box_locations(boxes, 7, wh)
+        emb = self.img_layer_norm(self.img_linear(feats)) + self.pos_layer_norm(self.pos_linear(locations)) + type_embeddings
         return self.dropout(self.LayerNorm(emb))
 
 

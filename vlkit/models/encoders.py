@@ -121,17 +121,21 @@ def vision_has_cls(model: nn.Module) -> bool:
     return getattr(model, "cls_token", None) is not None
 
 
+# OpenAI CLIP visual names -> timm ViT names (outside the blocks, and inside ``transformer.resblocks.N``)
+CLIP_VISUAL_TO_TIMM = {"conv1.weight": "patch_embed.proj.weight", "class_embedding": "cls_token",
+                       "positional_embedding": "pos_embed", "ln_pre.weight": "norm_pre.weight",
+                       "ln_pre.bias": "norm_pre.bias", "ln_post.weight": "norm.weight", "ln_post.bias": "norm.bias"}
+CLIP_BLOCK_TO_TIMM = {"attn.in_proj_weight": "attn.qkv.weight", "attn.in_proj_bias": "attn.qkv.bias",
+                      "attn.out_proj.weight": "attn.proj.weight", "attn.out_proj.bias": "attn.proj.bias",
+                      "ln_1.weight": "norm1.weight", "ln_1.bias": "norm1.bias", "ln_2.weight": "norm2.weight",
+                      "ln_2.bias": "norm2.bias", "mlp.c_fc.weight": "mlp.fc1.weight", "mlp.c_fc.bias": "mlp.fc1.bias",
+                      "mlp.c_proj.weight": "mlp.fc2.weight", "mlp.c_proj.bias": "mlp.fc2.bias"}
+
+
 def openai_clip_visual_to_timm(state: dict[str, Tensor], layers: int) -> dict[str, Tensor]:
     """OpenAI CLIP visual keys (``[vit_model.]visual.conv1.weight``, ``...resblocks.N.attn.in_proj_weight``)
     -> timm ViT keys. Blocks at index >= ``layers`` and the text tower are dropped, as in METER."""
-    renames = {"conv1.weight": "patch_embed.proj.weight", "class_embedding": "cls_token",
-               "positional_embedding": "pos_embed", "ln_pre.weight": "norm_pre.weight", "ln_pre.bias": "norm_pre.bias",
-               "ln_post.weight": "norm.weight", "ln_post.bias": "norm.bias"}
-    block_renames = {"attn.in_proj_weight": "attn.qkv.weight", "attn.in_proj_bias": "attn.qkv.bias",
-                     "attn.out_proj.weight": "attn.proj.weight", "attn.out_proj.bias": "attn.proj.bias",
-                     "ln_1.weight": "norm1.weight", "ln_1.bias": "norm1.bias", "ln_2.weight": "norm2.weight",
-                     "ln_2.bias": "norm2.bias", "mlp.c_fc.weight": "mlp.fc1.weight", "mlp.c_fc.bias": "mlp.fc1.bias",
-                     "mlp.c_proj.weight": "mlp.fc2.weight", "mlp.c_proj.bias": "mlp.fc2.bias"}
+    renames, block_renames = CLIP_VISUAL_TO_TIMM, CLIP_BLOCK_TO_TIMM
     out: dict[str, Tensor] = {}
     for key, value in state.items():
         if "visual." not in key:

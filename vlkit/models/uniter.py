@@ -85,7 +85,8 @@ class Uniter(VLModel):
             raise ValueError("UNITER takes region features: the batch has no region_feats")
         # images use the text token-type table with type id 1 (official _compute_img_embeddings)
         type_emb = self.embeddings.token_type_embeddings.weight[image_type_id]
-        states = self.img_embeddings(batch.region_feats, batch.region_boxes, type_emb, batch.region_masked)
+        states = self.img_embeddings(batch.region_feats, batch.region_boxes, type_emb, batch.region_masked,
+                                     batch.region_wh)
         return Encoded(states, batch.region_mask)
 
     def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False) -> VLOutput:

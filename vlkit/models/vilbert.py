@@ -14,12 +14,16 @@ from torch import Tensor, nn
 
 from vlkit.models.base import BertStreamConfig, VLModel
 from vlkit.models.embeddings import BertTextEmbeddings, ViLBERTRegionEmbeddings
-from vlkit.models.heads import JointClassifier, PairClassifier, RankHead, RegionScorer
+from vlkit.models.heads import JointClassifier, PairClassifier, RankHead, RegionScorer, init_linear
 from vlkit.models.layers import (BertIntermediate, BertLayer, BertOutput, BiAttention, BiOutput, Pooler,
                                  additive_mask, bert_layers, init_bert_weights, run_layers,
                                  run_single_stream)
 from vlkit.registry import register_head, register_model
 from vlkit.types import Encoded, VLBatch, VLOutput
+
+
+IMG_FEATURE_RULES = ("official", "mean")
+OVERLAP_IOU = 0.4  # concept_cap_dataset.py random_region: regions overlapping a masked one leave the divisor
 
 
 @dataclass
@@ -29,6 +33,10 @@ class ViLBERTConfig(BertStreamConfig):
     ``num_coattention_layers`` (k in Table 2: 2/4/6/8) rewrites the layer schedule as the official
     ``bert_base_{k}layer_{k}conect.json`` files do; ``single_stream`` is the paper's single-stream
     baseline (``basebert.py``: one BERT over text and regions, tanh pooler on [CLS]).
+
+    ``img_feature`` is the rule for the [IMG] token's feature (see `ViLBERT.global_feature`):
+    ``official`` follows the official pipeline the batch comes from (pre-training or task loaders),
+    ``mean`` takes the plain mean of the real regions everywhere.
     """
 
     family = "vilbert"
@@ -60,6 +68,7 @@ class ViLBERTConfig(BertStreamConfig):
     task_specific_tokens: bool = False
     num_task_tokens: int = 20
     single_stream: bool = False
+    img_feature: str = "official"  # or "mean"
 
     def __post_init__(self) -> None:
         k = self.num_coattention_layers
@@ -73,6 +82,8 @@ class ViLBERTConfig(BertStreamConfig):
             raise ValueError("v_biattention_id and t_biattention_id must have the same length")
         if self.fusion_method not in ("mul", "sum"):
             raise ValueError(f"fusion_method must be 'mul' or 'sum', not {self.fusion_method!r}")
+        if self.img_feature not in IMG_FEATURE_RULES:
+            raise ValueError(f"img_feature must be one of {', '.join(IMG_FEATURE_RULES)}, not {self.img_feature!r}")
 
 
 class ViLBERTEncoder(nn.Module):
@@ -115,7 +126,7 @@ class ViLBERT(VLModel):
     """ViLBERT: ``joint = pooled_t * pooled_v`` (ReLU poolers 768->1024 and 1024->1024).
 
     ``encode_text`` caches the text stream up to its first co-attention layer, ``encode_image``
-    the region embeddings with the leading [IMG] token (mean of the real regions, box [0,0,1,1]).
+    the region embeddings with the leading [IMG] token (`global_feature`, box [0,0,1,1]).
     """
 
     family = "vilbert"
@@ -131,7 +142,8 @@ class ViLBERT(VLModel):
     # train_concap.py: AdamW, WarmupLinearSchedule stepped before the optimizer, no clipping
     trainer_preset = dict(lr=1e-4, betas=[0.9, 0.98], eps=1e-8, weight_decay=0.01, no_decay="bert", warmup=0.1,
                           schedule="linear", schedule_offset=1, grad_clip=0.0, batching="fixed", batch_size=512)
-    official_task_ids = {"vqa": 1, "nlvr2": 12, "snli_ve": 13}  # vilbert_tasks.yml TASK<n>
+    # vilbert_tasks.yml TASK<n> (retrieval: Flickr30k, COCO is 7; refexp: refcoco+, refcoco 9, refcocog 11; GQA 15)
+    official_task_ids = {"vqa": 1, "retrieval": 8, "refexp": 10, "nlvr2": 12, "snli_ve": 13}
 
     def __init__(self, config: ViLBERTConfig):
         super().__init__(config)
@@ -185,8 +197,7 @@ class ViLBERT(VLModel):
         if not batch.has_regions:
             raise ValueError("ViLBERT takes region features: the batch has no region_feats")
         feats, boxes, mask = batch.region_feats, batch.region_boxes, batch.region_mask
-        real = mask.to(feats.dtype)[..., None]
-        img_feat = (feats * real).sum(1, keepdim=True) / real.sum(1, keepdim=True).clamp(min=1.0)
+        img_feat = self.global_feature(batch)[:, None]
         img_box = boxes.new_tensor([0.0, 0.0, 1.0, 1.0]).expand(feats.shape[0], 1, 4)
         feats = torch.cat([img_feat, feats], dim=1)
         boxes = torch.cat([img_box, boxes], dim=1)
@@ -196,6 +207,31 @@ class ViLBERT(VLModel):
             first_co = self._first_layers()[1]
             states = run_layers(self.encoder.v_layer[:first_co], states, additive_mask(mask, states.dtype))
         return Encoded(states, mask)
+
+    def global_feature(self, batch: VLBatch) -> Tensor:
+        """The [IMG] token's feature [B, D] under ``config.img_feature``.
+
+        ``official``: a batch that went through region masking (``region_masked`` set: the pre-training
+        pipeline) follows ``ConceptCapLoaderTrain.__iter__`` (L250-253): the sum of the (masked) features
+        over every slot divided by the number of slots that are neither masked nor overlap a masked
+        region (IoU > 0.4 on pixel boxes, +1 convention; padded slots count), at least 1. Any other batch
+        follows the task loaders (``_image_features_reader.py`` L148-149): the mean of all the image's
+        stored regions, i.e. ``region_global`` when the image source gives it (it survives the cut to
+        ``max_region_num``), else the mean of the real regions.
+        ``mean``: the mean of the real regions, in every pipeline.
+        """
+        feats, mask = batch.region_feats, batch.region_mask
+        real = mask.to(feats.dtype)[..., None]
+        total = (feats * real).sum(1)
+        rule = self.config.img_feature
+        if rule == "official" and batch.region_masked is not None:
+            excluded = _overlapping(batch.region_boxes, batch.region_masked.bool() & mask.bool(), batch.image_size)
+            excluded &= mask.bool()
+            kept = (excluded.shape[1] - excluded.sum(1, keepdim=True)).clamp(min=1)
+            return total / kept.to(feats.dtype)
+        if rule == "official" and batch.region_global is not None:
+            return batch.region_global.to(feats.dtype)
+        return total / real.sum(1).clamp(min=1.0)
 
     def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False) -> VLOutput:
         c = self.config
@@ -232,12 +268,50 @@ class ViLBERT(VLModel):
         return {"task_ids": torch.full((batch.batch_size,), task_id, dtype=torch.long, device=batch.device)}
 
 
+def _overlapping(boxes: Tensor, masked: Tensor, image_size: Tensor | None) -> Tensor:
+    """[B, K] bool: the masked regions and every region whose IoU with a masked one exceeds 0.4 (the
+    official ``masked_label``). IoU as ``concept_cap_dataset.iou``: pixel boxes with the +1 convention
+    when ``image_size`` [B, 2] (h, w) is known, else the normalised boxes as they are."""
+    if image_size is not None:
+        h, w = image_size.to(boxes.dtype).unbind(-1)
+        boxes = boxes * torch.stack([w, h, w, h], -1)[:, None]
+        one = 1.0
+    else:
+        one = 0.0
+    x1, y1, x2, y2 = boxes.unbind(-1)
+    area = (x2 - x1 + one) * (y2 - y1 + one)
+    iw = (torch.minimum(x2[:, :, None], x2[:, None]) - torch.maximum(x1[:, :, None], x1[:, None]) + one).clamp(min=0)
+    ih = (torch.minimum(y2[:, :, None], y2[:, None]) - torch.maximum(y1[:, :, None], y1[:, None]) + one).clamp(min=0)
+    inter = iw * ih
+    iou = inter / (area[:, :, None] + area[:, None] - inter)
+    return masked | ((iou > OVERLAP_IOU) & masked[:, :, None]).any(1)
+
+
 # -- task heads (``VILBertForVLTasks``): each reads dropout(0.1) of the joint vector / region states ------------
 @register_head("vqa", "vilbert")
 class ViLBERTVQAHead(JointClassifier):
     """``vil_prediction``: ``SimpleClassifier`` (hidden 2 x joint); BCE x answers."""
 
     output, loss, dropout_prob = "vil_prediction", "bce_instance", 0.1
+
+
+@register_head("vqa", "vilbert", "gqa")
+class ViLBERTGQAHead(ViLBERTVQAHead):
+    """``vil_prediction_gqa``: the multi-task model's GQA classifier (TASK15, ``VL-classifier-GQA``, 1533
+    answers); build the VQA task with ``head="gqa", task_id=15``."""
+
+    output = "vil_prediction_gqa"
+
+
+@register_head("vqa", "vilbert", "beta")
+class ViLBERTBetaVQAHead(ViLBERTVQAHead):
+    """vilbert_beta's ``vil_prediction``: ``SimpleClassifier`` = Linear, ReLU, Dropout(0.5), Linear (the
+    released weight-normalised layers are folded into plain weights by the converter)."""
+
+    def layers(self, model: VLModel, in_size: int, num_outputs: int) -> nn.Module:
+        hidden = int(self.hidden_mult * in_size)
+        return init_linear(nn.Sequential(nn.Linear(in_size, hidden), nn.ReLU(), nn.Dropout(0.5),
+                                         nn.Linear(hidden, num_outputs)), model.config.initializer_range)
 
 
 @register_head("snli_ve", "vilbert")

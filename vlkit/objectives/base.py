@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -104,6 +104,10 @@ class Objective(nn.Module, metaclass=abc.ABCMeta):
         """The defaults the model's family declares for this objective (``objective_defaults``),
         overridden by ``given``."""
         return {**model.objective_defaults.get(cls.name, {}), **given}
+
+    def attach(self, objectives: Mapping[str, Objective]) -> None:
+        """Called once the mixture holds all its objectives (by name): a head shared with another
+        objective is taken from it here."""
 
     @abc.abstractmethod
     def forward(self, out: VLOutput, batch: VLBatch, ctx: PassContext) -> LossOutput:

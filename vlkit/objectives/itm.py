@@ -17,7 +17,7 @@ from vlkit.registry import register_objective
 from vlkit.types import LossOutput, VLBatch, VLOutput
 
 IMAGE_FIELDS = ("region_feats", "region_boxes", "region_mask", "region_soft_labels", "region_masked", "image_size",
-                "pixel_values")
+                "region_wh", "region_global", "pixel_values")
 
 
 def choose_negatives(batch: VLBatch, is_negative: Tensor, generator: torch.Generator,

@@ -125,6 +125,8 @@ class Pretraining(nn.Module):
                 self._add(companion, extra)
             self._add(name, options)
             self.units.append(unit)
+        for objective in self.objectives.values():
+            objective.attach(self.objectives)
         if self.mask_only_matched and not any(o.view == "pairs" for o in self.objectives.values()):
             raise ValueError("objective mix: mask_only_matched needs an objective that mixes in pairs (itm)")
         self.mask_views = {o.view for o in self.objectives.values()} & set(MASK_VIEWS)

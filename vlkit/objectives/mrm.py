@@ -2,6 +2,8 @@
 detector's soft labels (MRC-kl), on the states of masked regions."""
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -62,15 +64,28 @@ class RegionClassifier(nn.Module):
 
 
 class _RegionClassification(Objective):
+    """``share_head`` names the other region-classification objective of the mixture whose head this one
+    uses (UNITER's one ``region_classifier`` serves both MRC and MRC-kl)."""
+
     view = "regions"
 
-    def __init__(self, model: VLModel, reduction: str = "mean"):
+    def __init__(self, model: VLModel, reduction: str = "mean", share_head: str | None = None):
         super().__init__(model)
         if reduction not in ("mean", "per_region"):
             raise ValueError(f"{self.name}: reduction must be 'mean' (UNITER) or 'per_region' (ViLBERT), not {reduction!r}")
         self.reduction = reduction
+        self.share_head = share_head
         self.num_classes = model.config.v_target_size
         self.predictions = RegionClassifier(model.image_hidden_size, self.num_classes)
+
+    def attach(self, objectives: Mapping[str, Objective]) -> None:
+        if self.share_head is None:
+            return
+        other = objectives[self.share_head] if self.share_head in objectives else None
+        if not isinstance(other, _RegionClassification) or other is self or other.share_head is not None:
+            raise ValueError(f"{self.name}: share_head={self.share_head!r} must name another region classification "
+                             f"objective of the mix that owns its head (the mix has {', '.join(objectives)})")
+        self.predictions = other.predictions
 
     @classmethod
     def check(cls, model: VLModel) -> None:

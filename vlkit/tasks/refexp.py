@@ -70,19 +70,21 @@ class RefExp(Task):
 
     ``labels``: the BCE targets, ``iou`` (ViLBERT's official soft IoU) or ``binary`` (paper); ``mlp``:
     the depth of a head that offers one (UNITER ``re_output``: 2 in the official RefCOCO+ config, 1 is
-    the code default); ``head``: one of the family's RefExp heads.
+    the code default); ``head``: one of the family's RefExp heads; ``task_id``: the model's task input
+    (ViLBERT's task token, default its RefCOCO+ id).
     """
 
     name = "refexp"
 
     def __init__(self, model: VLModel, labels: str = "iou", mlp: int = 2, loss: str | None = None,
-                 head: str | None = None):
+                 head: str | None = None, task_id: int | None = None):
         self.check(model)
         super().__init__(model)
         if labels not in ("iou", "binary") or mlp not in (1, 2):
             raise ValueError(f"refexp: labels must be 'iou' or 'binary' and mlp 1 or 2; got {labels!r}, {mlp!r}")
         cls = self.head_class(head)
         self.labels, self.loss_kind = labels, loss or cls.loss
+        self.task_id = None if task_id is None else int(task_id)
         if self.loss_kind not in LOSSES:
             raise ValueError(f"refexp: unknown loss {self.loss_kind!r}; choose one of {', '.join(LOSSES)}")
         self.install_head(cls(model, mlp))
@@ -96,7 +98,7 @@ class RefExp(Task):
 
     def region_scores(self, batch: VLBatch) -> Tensor:
         """Scores [B, K] of the candidate regions (padded regions at -10000)."""
-        out = self.model(batch)
+        out = self.model(batch, **self.model.task_inputs(self.name, batch, self.task_id))
         return self.task_head(out).masked_fill(~out.region_mask.bool(), MASK_VALUE)
 
     def forward(self, batch: VLBatch, step: int = 0, micro_step: int | None = None) -> LossOutput:

@@ -264,7 +264,8 @@ class Retrieval(Task):
     ``model`` may be a `vlkit.objectives.Pretraining`: its model and ``objectives["itm"]`` are used.
     ``scorer="itm"`` scores pairs with the ITM head's P(matched) (zero-shot), ``"rank"`` with the
     fine-tuned head. ``prerank_data`` (a training `RetrievalSet`) is what `fit_prerank` learns from when
-    a ``rerank`` evaluation needs it.
+    a ``rerank`` evaluation needs it. ``task_id``: the model's task input (ViLBERT's task token; default
+    its Flickr30k id, 7 for COCO).
     """
 
     name = "retrieval"
@@ -274,7 +275,8 @@ class Retrieval(Task):
                  init_from_itm: bool | None = None, margin: float = 0.2, negative_size: int = 399,
                  hard_size: int = 31, num_negatives: int = 15, itm_weight: float | None = None,
                  eval_mode: str = "cached", rerank_k: int = 64, prerank_ridge: float = 1.0,
-                 prerank_data: RetrievalSet | None = None, seed: int = 0, head: str | None = None):
+                 prerank_data: RetrievalSet | None = None, seed: int = 0, head: str | None = None,
+                 task_id: int | None = None):
         from vlkit.objectives.mix import Pretraining
 
         if isinstance(model, Pretraining):
@@ -305,6 +307,7 @@ class Retrieval(Task):
         self.num_negatives, self.seed = num_negatives, seed
         self.eval_mode, self.rerank_k, self.prerank_ridge = eval_mode, rerank_k, prerank_ridge
         self.prerank_data = prerank_data
+        self.task_id = None if task_id is None else int(task_id)
         self.install_head(head_cls(model))
         if itm is not None and (head_cls.init_from_itm if init_from_itm is None else init_from_itm):
             self.init_from_itm()
@@ -349,7 +352,12 @@ class Retrieval(Task):
         return LossOutput(loss, metrics)
 
     def _encode(self, batch: VLBatch) -> tuple[Encoded, Encoded]:
-        return self.model.encode_text(batch), self.model.encode_image(batch)
+        inputs = self.inputs(batch)
+        return self.model.encode_text(batch, **inputs), self.model.encode_image(batch, **inputs)
+
+    def inputs(self, batch: VLBatch) -> dict[str, Any]:
+        """The model's task inputs for ``batch`` (ViLBERT's task tokens: ``task_id``, default its Flickr30k id)."""
+        return self.model.task_inputs(self.name, batch, self.task_id)
 
     def _multiple_choice_loss(self, batch: VLBatch, generator: torch.Generator) -> tuple[Tensor, dict[str, Any]]:
         allowed = _other_image(batch)
@@ -405,24 +413,27 @@ class Retrieval(Task):
         from vlkit.objectives.base import PassContext
 
         mixed, matched = self.itm.make_pairs(batch, generator)
-        result = self.itm(self.model(mixed), mixed, PassContext(original=mixed, itm_match=matched))
+        result = self.itm(self.model(mixed, **self.inputs(mixed)), mixed, PassContext(original=mixed, itm_match=matched))
         return result.loss, result.metrics["acc"]
 
     def predict(self, batch: VLBatch) -> dict[str, Any]:
         """``score`` [B]: the matching score of each row's caption with its image."""
         with _inference(self):
-            return {"score": self.score(self.model(batch.to(self.model.device)))}
+            batch = batch.to(self.model.device)
+            return {"score": self.score(self.model(batch, **self.inputs(batch)))}
 
     # -- evaluation ------------------------------------------------------------------------------
     def encode_texts(self, data: RetrievalSet, batch_size: int = 64) -> Encoded:
         """Every caption's `encode_text`, padded to one length."""
         batches = (data.text_batch(range(s.start, s.stop)) for s in _chunks(data.num_texts, batch_size))
-        return _cat_encoded([self.model.encode_text(b) for b in eval_batches(self, batches, "encode captions")])
+        return _cat_encoded([self.model.encode_text(b, **self.inputs(b))
+                             for b in eval_batches(self, batches, "encode captions")])
 
     def encode_images(self, data: RetrievalSet, batch_size: int = 64) -> Encoded:
         """Every image's `encode_image`, padded to one length."""
         batches = (data.image_batch(range(s.start, s.stop)) for s in _chunks(data.num_images, batch_size))
-        return _cat_encoded([self.model.encode_image(b) for b in eval_batches(self, batches, "encode images")])
+        return _cat_encoded([self.model.encode_image(b, **self.inputs(b))
+                             for b in eval_batches(self, batches, "encode images")])
 
     def score_pairs(self, data: RetrievalSet, img_idx: Tensor, txt_idx: Tensor, mode: str = "cached",
                     batch_size: int = 64, text: Encoded | None = None, image: Encoded | None = None) -> Tensor:
@@ -441,7 +452,7 @@ class Retrieval(Task):
         if mode == "full":
             batches = (data.pair_batch(img_idx[s].tolist(), txt_idx[s].tolist())
                        for s in _chunks(len(img_idx), batch_size))
-            sorted_scores = [self.score(self.model(b)).float().cpu()
+            sorted_scores = [self.score(self.model(b, **self.inputs(b))).float().cpu()
                              for b in eval_batches(self, batches, "score pairs (full)")]
             scores[order] = torch.cat(sorted_scores) if sorted_scores else scores
             return scores

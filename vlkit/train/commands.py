@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vlkit.models.base import CONFIG_NAME
 from vlkit.train import pipeline
 
 
@@ -41,9 +40,10 @@ def finetune(cfg) -> int:
         from vlkit.registry import TASKS
 
         raise ValueError(f"vlkit finetune needs a task: task={' | '.join(TASKS.names())}")
-    pipeline.set_threads(cfg.get("threads"), cfg.model.get("preset"))
     seed = cfg.trainer.seed
-    env = pipeline.prepare_environment(cfg.model, cfg.data, cfg.get("cache_dir"))
+    model_cfg = pipeline.saved_model_config(cfg.init) if cfg.get("init") else cfg.model  # the model comes from init
+    pipeline.set_threads(cfg.get("threads"), model_cfg.get("preset"))
+    env = pipeline.prepare_environment(model_cfg, cfg.data, cfg.get("cache_dir"))
     set_seed(seed)  # after the environment: a first feature extraction draws from the global RNG
     model = pipeline.build_run_model(env, cfg.model, cfg.get("init"))
     if cfg.get("init") and (Path(cfg.init) / pipeline.PRETRAINING_WEIGHTS).exists():
@@ -57,7 +57,8 @@ def finetune(cfg) -> int:
 
 def evaluate(cfg) -> int:
     """Evaluate a fine-tuning run (``checkpoint=`` its output_dir), or a pre-training run zero-shot
-    on ``task`` (retrieval with the pre-training ITM head)."""
+    on ``task`` (retrieval with the pre-training ITM head). A converted official checkpoint
+    (``vlkit convert``) records no data: ``data=`` and ``task=`` name them."""
     from safetensors.torch import load_model
 
     from vlkit.tasks import build_task
@@ -67,13 +68,18 @@ def evaluate(cfg) -> int:
     if not info_path.is_file():
         raise FileNotFoundError(f"{info_path} is missing: checkpoint= must name a vlkit pretrain or finetune output_dir")
     info = json.loads(info_path.read_text())
+    if info["kind"] not in ("pretrain", "finetune"):
+        raise ValueError(f"{directory} holds a {info['kind']} without heads: fine-tune it (init={directory}) first")
     model_dir = directory / "model"
-    saved = json.loads((model_dir / CONFIG_NAME).read_text())  # the run's model config: its input geometry
-    model_cfg = {"name": saved["family"], **saved["config"]}
+    model_cfg = pipeline.saved_model_config(directory)  # the run's model config: its input geometry
     pipeline.set_threads(cfg.get("threads"), model_cfg.get("preset"))
-    env = pipeline.prepare_environment(model_cfg, info["data"], cfg.get("cache_dir"))
+    data_cfg = info["data"] if info.get("data") is not None else cfg.data
+    env = pipeline.prepare_environment(model_cfg, data_cfg, cfg.get("cache_dir"))
     if info["kind"] == "finetune":
-        task_cfg = info["task_cfg"]
+        task_cfg = info["task_cfg"] if info.get("task_cfg") is not None else pipeline.plain(cfg.task)
+        if task_cfg.get("name") != info["task"]:
+            raise ValueError(f"{directory} holds a {info['task']} task that records no data: pass task={info['task']} "
+                             "and data= for it")
         model = pipeline.from_pretrained(model_dir)
         if info.get("pretraining"):  # a task that kept pre-training heads (retrieval's ITM head)
             model = pipeline.rebuild_pretraining(model, info["pretraining"])

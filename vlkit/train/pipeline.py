@@ -137,6 +137,18 @@ def build_run_model(env: Environment, model_cfg: Mapping[str, Any], init: str | 
     return build_model(plain(model_cfg), **env.model_overrides(plain(model_cfg)))
 
 
+def saved_model_config(directory: str | Path) -> dict[str, Any]:
+    """The model config (``{name, <field>: value}``) of a run directory's ``model/`` or of a saved model directory."""
+    from vlkit.models.base import CONFIG_NAME
+
+    directory = Path(directory)
+    path = directory / "model" / CONFIG_NAME if (directory / "model" / CONFIG_NAME).is_file() else directory / CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: {directory} is not a vlkit run or model directory")
+    saved = json.loads(path.read_text())
+    return {"name": saved["family"], **saved["config"]}
+
+
 def pretraining_dataset(env: Environment):
     """The image-text pairs of ``env.data`` (registered dataset ``data.name``), built once per environment."""
     if env.pairs is None:
