@@ -178,7 +178,9 @@ class ImageTextPairs(torch.utils.data.Dataset):
         if max_len < 3:
             raise ValueError(f"ImageTextPairs: max_len={max_len} leaves no room for a caption")
         self.on_error = check_on_error(on_error or getattr(image_source, "on_error", None) or "raise")
-        self.skips = skips if skips is not None else getattr(image_source, "skips", None) or SkipLog()
+        if skips is None:
+            skips = getattr(image_source, "skips", None)
+        self.skips = skips if skips is not None else SkipLog()
         texts = list(data[text_key])
         empty = [k for k, t in enumerate(texts) if not isinstance(t, str) or not t.strip()]
         if empty:

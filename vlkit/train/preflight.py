@@ -144,7 +144,7 @@ class Preflight:
                          f"drop model= (the model comes from init=) or give a {wanted.get('name')} run to init=")
         for key in sorted(k for k in explicit if k.startswith("model.") and k != "model.name"):
             field = key.split(".", 1)[1]
-            if field == "preset" or field not in saved or wanted.get(field) != saved[field]:
+            if field not in saved or wanted.get(field) != saved[field]:
                 self.problem(f"{key}={wanted.get(field)} is ignored with init={init}: the model comes from {path}"
                              + (f" ({field}={saved[field]})" if field in saved else "") + f"; drop {key}")
         return saved
@@ -194,7 +194,9 @@ class Preflight:
             return
         model = _unwrap(model)
         policy = getattr(getattr(dataset, "pairs", dataset), "on_error", getattr(source, "on_error", "raise"))
-        skips = getattr(getattr(dataset, "pairs", dataset), "skips", None) or getattr(source, "skips", None)
+        skips = getattr(getattr(dataset, "pairs", dataset), "skips", None)
+        if skips is None:
+            skips = getattr(source, "skips", None)
         if skips is not None and skips not in self._skips:
             self._skips.append(skips)
         droppable = hasattr(dataset, "drop") and policy == "skip"
