@@ -67,12 +67,36 @@ class _RestrictedUnpickler(pickle.Unpickler):
         )
 
 
-def safe_pickle_load(path_or_bytes: str | os.PathLike | bytes) -> Any:
-    """Unpickle a file (or bytes) that may only hold numpy arrays and builtin containers."""
-    if isinstance(path_or_bytes, bytes):
-        return _RestrictedUnpickler(io.BytesIO(path_or_bytes), "<bytes>").load()
-    with open(path_or_bytes, "rb") as f:
-        return _RestrictedUnpickler(f, str(path_or_bytes)).load()
+def safe_pickle_load(path_or_bytes: str | os.PathLike | bytes, source: str | None = None) -> Any:
+    """Unpickle a file (or bytes) that may only hold numpy arrays and builtin containers; a refused
+    class raises `UnsafePickleError`, a truncated or corrupt pickle `pickle.UnpicklingError`, both naming
+    the file (``source`` names where bytes came from)."""
+    source = source or ("<bytes>" if isinstance(path_or_bytes, bytes) else str(path_or_bytes))
+    try:
+        if isinstance(path_or_bytes, bytes):
+            return _RestrictedUnpickler(io.BytesIO(path_or_bytes), source).load()
+        with open(path_or_bytes, "rb") as f:
+            return _RestrictedUnpickler(f, source).load()
+    except UnsafePickleError:
+        raise
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, AttributeError) as err:
+        raise pickle.UnpicklingError(f"{source}: not a readable pickle ({type(err).__name__}: {err})") from err
+
+
+def torch_load_weights(path: str | os.PathLike) -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU; a file that holds code or is corrupt raises
+    `UnreadableFileError` naming it (no pickled code ever runs)."""
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # noqa: BLE001 - torch raises many kinds on a bad file
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        detail = next((line for line in lines if "GLOBAL" in line or line.startswith("Unsupported")), lines[0] if lines else "")
+        raise UnreadableFileError(f"{path}: cannot be loaded with weights_only=True ({type(err).__name__}: "
+                                  f"{detail})") from err
 
 
 class UnreadableFileError(OSError):

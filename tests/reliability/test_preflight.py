@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import FEAT, captions, jsonl_data, raw_store, regions, run_args
+from reliability_helpers import FEAT, captions, jsonl_data, raw_store, regions, run_args
 
 from vlkit.data.pairs import ImageTextPairs, VLCollator, build_image_source, build_tokenizer
 from vlkit.validate import DataError, SkipLog

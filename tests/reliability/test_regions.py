@@ -7,7 +7,7 @@ import json
 import h5py
 import numpy as np
 import pytest
-from conftest import CLASSES, FEAT, raw_store, regions
+from reliability_helpers import CLASSES, FEAT, raw_store, regions
 
 from vlkit.features.importers import import_features
 from vlkit.features.store import FeatureStore, FeatureStoreError, FeatureStoreWriter, InvalidRegionsError, skipped_path

@@ -5,7 +5,7 @@ import json
 import logging
 
 import pytest
-from conftest import captions
+from reliability_helpers import captions
 
 from vlkit.data.formats import FormatError, read_caption_jsonl, read_karpathy
 from vlkit.data.pairs import ImageTextPairs, build_image_source, build_tokenizer

@@ -159,7 +159,7 @@ def _npz_object(path: Path, name: str) -> Any:
     read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
     _, _, dtype = read_header(f)
     if dtype.hasobject:
-        return safe_pickle_load(f.read())
+        return safe_pickle_load(f.read(), source=f"{path} ({name}.npy)")
     return np.lib.format.read_array(io.BytesIO(raw), allow_pickle=False)
 
 

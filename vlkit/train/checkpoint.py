@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vlkit.io import atomic_write_text, honour_umask, key_difference, sha256_file
+from vlkit.io import UnreadableFileError, atomic_write_text, honour_umask, key_difference, sha256_file, torch_load_weights
 
 WEIGHTS = "model.safetensors"
 STATE = "trainer_state.json"
@@ -163,9 +163,9 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
 
 def _torch_load(file: Path) -> Any:
     try:
-        return torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unpickling failure means a bad file
-        raise CheckpointError(f"{file} cannot be read ({type(err).__name__}: {err})") from err
+        return torch_load_weights(file)
+    except (OSError, UnreadableFileError) as err:  # any unpickling failure means a bad file
+        raise CheckpointError(str(err) if str(file) in str(err) else f"{file} cannot be read ({err})") from err
 
 
 def load_checkpoint(path: str | os.PathLike, module: nn.Module, optimizer: torch.optim.Optimizer | None = None,
