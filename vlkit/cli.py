@@ -303,20 +303,15 @@ def run(argv: list[str]) -> int:
         takes_overrides = "overrides" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         takes_overrides = False
-    try:
-        result = fn(cfg, overrides=overrides) if takes_overrides else fn(cfg)
-    finally:
-        _shutdown_distributed()
+    result = fn(cfg, overrides=overrides) if takes_overrides else fn(cfg)
     return result if isinstance(result, int) else 0
 
 
-def _shutdown_distributed() -> None:
+def _shutdown_distributed(barrier: bool) -> None:
     """Tear the process group down while the interpreter is alive (gloo aborts a process that exits with it)."""
-    try:
-        from vlkit.train.distributed import shutdown
-    except ImportError:
-        return
-    shutdown()
+    from vlkit.train.distributed import shutdown
+
+    shutdown(barrier)
 
 
 def user_error(err: BaseException) -> bool:
@@ -340,17 +335,23 @@ def describe(err: BaseException) -> str:
 
 
 def console(argv: list[str] | None = None) -> int:
-    """What the ``vlkit`` console script runs: `run`, with errors printed for people (see the module docstring)."""
+    """What the ``vlkit`` console script runs: `run`, with errors printed for people (see the module
+    docstring). As the process's entry point it also ends a distributed process group before returning
+    (`vlkit.train.distributed.shutdown`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv and argv[0] in COMMANDS else None
     name = f"vlkit {command}" if command else "vlkit"
     debug = os.environ.get("VLKIT_DEBUG", "") not in ("", "0", "false", "no")
     try:
-        return run(argv)
+        code = run(argv)
+        _shutdown_distributed(barrier=True)
+        return code
     except KeyboardInterrupt:
+        _shutdown_distributed(barrier=False)
         print(f"{name}: interrupted", file=sys.stderr)
         return 130
     except Exception as err:  # noqa: BLE001 - the console reports every error, once
+        _shutdown_distributed(barrier=False)  # the other ranks may never reach a barrier
         if debug or not user_error(err):
             traceback.print_exc()
             if not user_error(err):

@@ -13,8 +13,9 @@ as shard files ``<out>.parts/shard-*.h5`` (each via temp file + rename; every ``
 (and, on resume, the existing store) into a temp file renamed over ``<out>``. A killed run loses at
 most the images not yet flushed; the next run with ``resume=True`` skips every image already in a
 shard or in ``<out>``, and first deletes the temporary files a killed run left. Every
-``compact_every`` shards are merged into one, which records the shards it replaces: a kill between
-its rename and their deletion is finished on the next start, so no image is ever stored twice.
+``compact_every`` shards of one level are merged into one shard of the next level (as in an LSM tree:
+each image is copied about log_compact_every(N) times), which records the shards it replaces: a kill
+between its rename and their deletion is finished on the next start, so no image is stored twice.
 
 Every image is validated on write and on read (`vlkit.validate.region_problems`: at least one box,
 finite values, boxes well-ordered and inside the image); a bad one raises `InvalidRegionsError`
@@ -153,6 +154,7 @@ class FeatureStoreWriter:
         self._schema: dict[str, tuple[int, ...]] | None = None
         self._buffer: list[tuple[str, dict[str, Any]]] = []
         self._seq = 0
+        self._levels: dict[str, int] = {}  # shard name -> compaction level (0: written by flush)
         self._closed = False
         self._remove_orphans()
         if not resume:
@@ -170,6 +172,8 @@ class FeatureStoreWriter:
                     )
                 self._check_schema(attrs["schema"], str(source))
                 self.done_ids.update(_unkey(k) for k in f.keys())
+                if source != self.path:
+                    self._levels[source.name] = int(f.attrs.get("level", 0))
         shards = self._shards()
         self._seq = int(shards[-1].stem.split("-")[1]) + 1 if shards else 0
 
@@ -262,7 +266,7 @@ class FeatureStoreWriter:
         f.attrs["boxes"] = "xyxy, " + str(self.provenance.get("box_units", "pixels"))
 
     def flush(self) -> None:
-        """Commit the buffered images as a new shard (atomically); every ``compact_every`` shards, merge them."""
+        """Commit the buffered images as a new shard (atomically); then `compact` what has piled up."""
         if not self._buffer:
             return
         shard = self._next_shard()
@@ -275,21 +279,31 @@ class FeatureStoreWriter:
                     for name, arr in rows.items():
                         g.create_dataset(name, data=arr, compression=self.compression if arr.ndim == 2 else None)
         self._buffer.clear()
-        if self.compact_every and len(self._shards()) >= self.compact_every:
-            self.compact()
+        self._levels[shard.name] = 0
+        self.compact()
 
     def compact(self) -> None:
-        """Merge the shards into one new shard (atomically) that records their names, then delete them."""
-        shards = self._shards()
-        if len(shards) < 2:
-            return
-        with atomic_path(self._next_shard()) as tmp:
-            with _open_h5(tmp, "w") as dst:
-                self._write_attrs(dst)
-                dst.attrs["replaces"] = json.dumps([s.name for s in shards])
-                _copy_images(shards, dst)
-        for shard in shards:
-            shard.unlink(missing_ok=True)
+        """While ``compact_every`` shards share a level, merge them into one shard of the next level
+        (atomically; it records the names it replaces), then delete them."""
+        while self.compact_every > 1:
+            by_level: dict[int, list[str]] = {}
+            for name, level in sorted(self._levels.items()):
+                by_level.setdefault(level, []).append(name)
+            full = [(level, names) for level, names in sorted(by_level.items()) if len(names) >= self.compact_every]
+            if not full:
+                return
+            level, names = full[0]
+            target = self._next_shard()
+            with atomic_path(target) as tmp:
+                with _open_h5(tmp, "w") as dst:
+                    self._write_attrs(dst)
+                    dst.attrs["replaces"] = json.dumps(names)
+                    dst.attrs["level"] = level + 1
+                    _copy_images([self.parts / n for n in names], dst)
+            for name in names:
+                (self.parts / name).unlink(missing_ok=True)
+                del self._levels[name]
+            self._levels[target.name] = level + 1
 
     def close(self) -> Path:
         """Flush and merge everything into ``path`` (atomic rename); returns the path."""

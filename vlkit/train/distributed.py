@@ -65,8 +65,9 @@ def build_train_loader(dataset: Dataset, batching: str = "fixed", batch_size: in
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, num_workers=num_workers)
 
 
-def shutdown() -> None:
-    """End the process group, after a barrier, while the interpreter is still alive.
+def shutdown(barrier: bool = True) -> None:
+    """End the process group (after a barrier: every rank done) while the interpreter is still alive;
+    ``barrier=False`` on an error path, where the other ranks may never reach one.
 
     A process that exits with a gloo process group alive can abort (``terminate called without an active
     exception``, exit code -6): the group's C++ threads are torn down during interpreter finalisation
@@ -77,7 +78,8 @@ def shutdown() -> None:
     if not (dist.is_available() and dist.is_initialized()):
         return
     try:
-        dist.barrier()
+        if barrier:
+            dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -20,8 +20,9 @@ Checked fully (cheap whatever the data size: metadata, indexes, configs):
 Sampled (reading images costs I/O): the regions of ``SAMPLES`` images of each training set spread
 evenly over it, and of every image of an evaluation set up to ``FULL_EVAL`` images (else a sample of
 that size), loaded through the data's image source, which validates them (`vlkit.validate.region_problems`:
-finite values, at least one box, boxes inside the image and well-ordered; images decoded). Images
+finite values, at least one box, boxes inside the image and well-ordered; image files decoded). Images
 that were not sampled are validated when they are loaded, under the same ``data.on_error`` policy.
+Generated images (the shapes world rendered on the fly) are neither looked up nor sampled.
 
 With ``data.on_error=skip`` an example whose image is missing or fails validation is not a problem:
 it is left out and recorded in ``<output_dir>/skipped.jsonl``. Retrieval evaluation sets cannot
@@ -176,13 +177,11 @@ class Preflight:
                     self.problem(f"objective {name!r}: the feature store {store.path} has {store.num_classes} classes, "
                                  f"the model's v_target_size is {model.config.v_target_size}")
 
-    def check_task(self, task_cls: Any, model: Any) -> None:
-        from vlkit.tasks.base import IncompatibleTask
-
-        try:
-            task_cls.check(_unwrap(model))
-        except IncompatibleTask as err:
-            self.problem(f"task={task_cls.name}: {err}")
+    @staticmethod
+    def check_task(task_cls: Any, model: Any) -> None:
+        """`IncompatibleTask` at once (naming the task and the family) when the model cannot serve the task:
+        nothing else about the run matters then."""
+        task_cls.check(_unwrap(model))
 
     # -- the data ------------------------------------------------------------------------------------
     def check_data(self, name: str, dataset: Any, model: Any, evaluation: bool = False) -> None:
@@ -223,8 +222,8 @@ class Preflight:
             for image_id in dict.fromkeys(image_ids):
                 if image_id not in index:
                     bad[image_id] = f"image {image_id!r} is not in the {where}"
-        checked = [i for i in dict.fromkeys(image_ids) if i not in bad]
-        limit = self.full_eval if evaluation else self.samples
+        checked = [i for i in dict.fromkeys(image_ids) if i not in bad] if index is not None else []
+        limit = self.full_eval if evaluation else self.samples  # generated images (shapes) need no check
         for image_id in sample_evenly(checked, limit):
             try:
                 source(image_id)
