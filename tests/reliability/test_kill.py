@@ -181,3 +181,20 @@ def test_kill_during_extraction_resumes_without_loss_or_duplicates(tmp_path, whe
     assert sorted(got) == sorted(expected)  # nothing lost, nothing twice
     assert all(np.array_equal(got[k], expected[k]) for k in expected)  # bit-exact
     assert _leftovers(tmp_path) == [] and not (tmp_path / "killed.h5.parts").exists()
+
+
+def test_temporary_files_of_a_killed_run_are_removed_on_start(tmp_path, data, vlkit_console):
+    import socket
+
+    host = socket.gethostname()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    out = tmp_path / "run"
+    (out / "model").mkdir(parents=True)
+    orphans = [out / f".run.json.tmp-{host}-{dead}-a1b2c3", out / "model" / f".model.safetensors.tmp-{host}-{dead}-x9"]
+    alive = out / f".pretraining.safetensors.tmp-{host}-{os.getpid()}-keep"  # a live process's: kept
+    for path in [*orphans, alive]:
+        path.write_bytes(b"half written")
+    store, caps, _ = data()
+    assert vlkit_console("pretrain", "model=uniter", *jsonl_data(caps, store), *run_args(out, steps=1))[0] == 0
+    assert not any(p.exists() for p in orphans) and alive.exists()

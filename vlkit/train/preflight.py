@@ -41,6 +41,8 @@ PREFLIGHT_FILE = "preflight.json"
 SAMPLES = 256  # training images whose regions are loaded and validated
 FULL_EVAL = 5000  # evaluation sets up to this many images are validated in full
 MRC_OBJECTIVES = ("mrc", "mrc_kl")
+RUN_FILES = ("run.json", "pretraining.safetensors", "task.safetensors", "eval.json", PREFLIGHT_FILE,
+             "model/config.json", "model/model.safetensors", "checkpoints/latest")
 
 
 class PreflightError(DataError):
@@ -259,15 +261,17 @@ class Preflight:
 
     # -- the report ----------------------------------------------------------------------------------
     def finish(self, output_dir: str | os.PathLike | None = None) -> None:
-        """Raise `PreflightError` with every problem; else bind the skip logs to ``<output_dir>/skipped.jsonl``
-        and write ``<output_dir>/preflight.json``."""
+        """Raise `PreflightError` with every problem; else delete the temporary files a killed run left in
+        ``output_dir``, bind the skip logs to ``<output_dir>/skipped.jsonl`` and write ``<output_dir>/preflight.json``."""
         if self.problems:
             raise PreflightError(self.problems)
         if output_dir is None:
             return
-        from vlkit.io import atomic_write_text
+        from vlkit.io import atomic_write_text, remove_orphans
 
         out = Path(output_dir)
+        for name in RUN_FILES:  # temporary files of a killed earlier run in this folder
+            remove_orphans(out / name)
         for skips in self._skips:
             skips.bind(out / SKIPPED_FILE)
         skipped: dict[str, int] = {}
