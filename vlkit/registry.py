@@ -32,6 +32,14 @@ class UnknownNameError(LookupError):
     """A name that no registry entry answers to; the message lists the registered names."""
 
 
+def did_you_mean(name: Any, names: Any) -> str:
+    """``" (did you mean 'x'?)"`` for the registered names closest to ``name``, else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), [str(n) for n in names], n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
 class UnknownHeadError(UnknownNameError, ValueError):
     """A head name that a family does not offer for a task (also a `ValueError`: a bad task option)."""
 
@@ -75,7 +83,8 @@ class Registry:
             self._populate()
         if name not in self._entries:
             raise UnknownNameError(
-                f"unknown {self.kind} {name!r}; registered {self.kind}s: {', '.join(self.names()) or '(none)'}"
+                f"unknown {self.kind} {name!r}{did_you_mean(name, self.names())}; registered {self.kind}s: "
+                f"{', '.join(self.names()) or '(none)'}"
             )
         return self._entries[name]
 

@@ -1,5 +1,10 @@
 """Two CPU processes (gloo, started by ``accelerate launch``) with half the per-rank batch give the
-losses of one process. Run as a script, this file is the worker that ``accelerate launch`` starts."""
+losses of one process. Run as a script, this file is the worker that ``accelerate launch`` starts.
+
+The worker ends its process group (`vlkit.train.distributed.shutdown`: barrier, then
+``destroy_process_group``) before exiting: a process that exits with a live gloo group aborts now
+and then ("terminate called without an active exception", exit code -6) when its peer's connection
+closes while the interpreter is being torn down."""
 from __future__ import annotations
 
 import importlib.util
@@ -80,3 +85,6 @@ if __name__ == "__main__":  # the worker: one rank of `accelerate launch`
     seen = trainer.accelerator.gather_for_metrics([trainer.rank], use_gather_object=True)
     if trainer.accelerator.is_main_process:
         (out / "ranks.json").write_text(json.dumps(sorted(seen)))
+    from vlkit.train.distributed import shutdown
+
+    shutdown()

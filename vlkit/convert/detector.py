@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vlkit.io import safe_pickle_load
+from vlkit.io import safe_pickle_load, torch_load_weights
 
 _PRED = "roi_heads.box_predictor."
 _RPN = "proposal_generator.rpn_head."
@@ -72,7 +72,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Tensor]:
     if path.suffix == ".pkl":
         obj = safe_pickle_load(path)
     else:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = torch_load_weights(path)
     if isinstance(obj, dict) and isinstance(obj.get("model"), dict):
         obj = obj["model"]
     if not isinstance(obj, dict) or "blobs" in obj:

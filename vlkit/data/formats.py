@@ -26,18 +26,35 @@ class FormatError(ValueError):
 # --------------------------------------------------------------------------------------------
 # Shared helpers
 # --------------------------------------------------------------------------------------------
+def _decode(data: bytes, path: PathLike, first_line: int = 1) -> str:
+    """``data`` as UTF-8 (a leading BOM dropped); bytes that are not UTF-8 raise `FormatError` naming the
+    file, line and column."""
+    try:
+        return data.decode("utf-8-sig" if first_line == 1 else "utf-8")
+    except UnicodeDecodeError as e:
+        line = first_line + data.count(b"\n", 0, e.start)
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise FormatError(f"{path}:{line}: not UTF-8 text (byte {data[e.start:e.start + 1]!r} at column {column}); "
+                          "re-encode the file as UTF-8") from e
+
+
+def _read_text(path: PathLike) -> str:
+    with open(path, "rb") as f:
+        return _decode(f.read(), path)
+
+
 def _load_json(path: PathLike) -> Any:
-    with open(path, encoding="utf-8") as f:
-        try:
-            return json.load(f)
-        except json.JSONDecodeError as e:
-            raise FormatError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from e
+    try:
+        return json.loads(_read_text(path))
+    except json.JSONDecodeError as e:
+        raise FormatError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from e
 
 
 def _iter_jsonl(path: PathLike) -> Iterator[tuple[str, dict]]:
     """(``"file:line"``, record) for every non-blank line of a JSON-lines file."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            line = _decode(raw, path, lineno)
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"
@@ -153,8 +170,7 @@ def read_caption_jsonl(path: PathLike) -> list[dict]:
 
 
 def _read_lines(path: PathLike) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        lines = [line.rstrip("\r\n") for line in f]
+    lines = [line.rstrip("\r") for line in _read_text(path).split("\n")]
     while lines and not lines[-1].strip():
         lines.pop()
     return lines

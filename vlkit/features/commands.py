@@ -32,7 +32,7 @@ def extract_features(cfg: DictConfig) -> int:
     out = run(
         image_files(cfg.images), cfg.out, detector=cfg.detector, weights=cfg.weights, batch_size=cfg.batch_size,
         device=cfg.device, min_boxes=cfg.min_boxes, max_boxes=cfg.max_boxes, conf_th=cfg.conf_th,
-        resume=cfg.resume, dtype=cfg.dtype, progress=cfg.progress,
+        resume=cfg.resume, dtype=cfg.dtype, progress=cfg.progress, on_error=cfg.get("on_error", "raise"),
     )
     _summary(out)
     return 0
@@ -43,16 +43,21 @@ def import_features(cfg: DictConfig) -> int:
     from vlkit.train.pipeline import set_threads
 
     set_threads(cfg.get("threads"))
-    out = run(cfg.src, cfg.format, cfg.out, resume=cfg.resume, dtype=cfg.dtype, image_sizes=cfg.image_sizes, progress=cfg.progress)
+    out = run(cfg.src, cfg.format, cfg.out, resume=cfg.resume, dtype=cfg.dtype, image_sizes=cfg.image_sizes,
+              progress=cfg.progress, on_error=cfg.get("on_error", "raise"))
     _summary(out)
     return 0
 
 
 def _summary(path: str | Path) -> None:
-    from vlkit.features.store import FeatureStore
+    from vlkit.features.store import FeatureStore, skipped_path
 
     with FeatureStore(path) as store:
         print(
             f"{path}: {len(store)} images, feature_dim {store.feature_dim}, "
             f"soft labels {'yes (%d classes)' % store.num_classes if store.has_soft_labels else 'no'}"
         )
+    skipped = skipped_path(path)
+    if skipped.is_file():
+        count = sum(1 for line in skipped.read_text(encoding="utf-8").splitlines() if line.strip())
+        print(f"{skipped}: {count} images skipped (on_error=skip), each with its reason")

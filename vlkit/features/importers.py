@@ -16,8 +16,9 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from vlkit.features.store import FeatureStoreWriter
+from vlkit.features.store import FeatureStoreWriter, skipped_path
 from vlkit.io import safe_pickle_load
+from vlkit.validate import DataError, SkipLog, check_on_error
 
 Record = tuple[str, Callable[[], dict[str, Any]]]
 IMPORT_FORMATS = ("lxmert_tsv", "butd_tsv", "uniter_npz", "bua_npz")
@@ -90,6 +91,7 @@ def lxmert_tsv_records(src: str | os.PathLike) -> Iterator[Record]:
                     "attrs_conf": _b64(r["attrs_conf"], "float32", n, where, "attrs_conf"),
                 }
 
+            parse.where = where
             yield r["img_id"], parse
 
 
@@ -112,6 +114,7 @@ def butd_tsv_records(src: str | os.PathLike) -> Iterator[Record]:
                     out.update(cls_prob=cls_prob, conf=cls_prob[:, 1:].max(axis=1) if n else np.zeros(0))
                 return out
 
+            parse.where = where
             yield row[0], parse
 
 
@@ -144,6 +147,7 @@ def uniter_npz_records(src: str | os.PathLike, image_sizes: Mapping[str, Any] | 
             return {"features": feats, "boxes": boxes, "image_h": h, "image_w": w, "conf": conf.reshape(len(conf)),
                     "cls_prob": soft, "box_wh": norm_bb[:, 4:6].astype(np.float32)}
 
+        parse.where = str(path)
         yield path.stem, parse
 
 
@@ -159,7 +163,7 @@ def _npz_object(path: Path, name: str) -> Any:
     read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
     _, _, dtype = read_header(f)
     if dtype.hasobject:
-        return safe_pickle_load(f.read())
+        return safe_pickle_load(f.read(), source=f"{path} ({name}.npy)")
     return np.lib.format.read_array(io.BytesIO(raw), allow_pickle=False)
 
 
@@ -186,6 +190,7 @@ def bua_npz_records(src: str | os.PathLike) -> Iterator[Record]:
                 "attrs_id": info.get("attrs_id"), "attrs_conf": info.get("attrs_conf"),
             }
 
+        parse.where = str(path)
         yield path.stem, parse
 
 
@@ -200,10 +205,17 @@ _NOTES = {
 def import_features(
     src: str | os.PathLike, format: str, out: str | os.PathLike, resume: bool = True, dtype: str | None = None,
     image_sizes: Mapping[str, Any] | str | os.PathLike | None = None, progress: bool = True,
+    on_error: str = "raise",
 ) -> Path:
-    """Import ``src`` (file or directory) in ``format`` (one of ``IMPORT_FORMATS``) into the store ``out``."""
+    """Import ``src`` (file or directory) in ``format`` (one of ``IMPORT_FORMATS``) into the store ``out``.
+
+    Every record is validated as the store validates (at least one box, finite values, boxes inside the
+    image and well-ordered); a bad record raises naming its file, line and image id, or with
+    ``on_error="skip"`` is left out and recorded with its reason in ``<out>.skipped.jsonl``.
+    """
     from tqdm.auto import tqdm
 
+    check_on_error(on_error, "on_error")
     if format not in IMPORT_FORMATS:
         raise ValueError(f"unknown import format {format!r}; choose from {', '.join(IMPORT_FORMATS)}")
     if format == "uniter_npz":
@@ -215,10 +227,21 @@ def import_features(
         "extractor": f"import:{format}", "source": str(Path(src).resolve()), "note": _NOTES[format],
         "box_units": "normalized (no image_sizes given)" if format == "uniter_npz" and image_sizes is None else "pixels",
     }
+    skips = SkipLog(skipped_path(out)) if on_error == "skip" else None
     with FeatureStoreWriter(out, provenance=provenance, resume=resume, dtype=dtype) as w:
         for image_id, parse in tqdm(records, desc=f"import {format}", unit="img", disable=not progress):
-            if image_id not in w.done_ids:
+            if image_id in w.done_ids:
+                continue
+            where = getattr(parse, "where", None)
+            try:
                 w.add(image_id, **parse())
+            except (DataError, ValueError, KeyError) as err:
+                message = str(err).strip("'\"") if isinstance(err, KeyError) else str(err)
+                if where and where not in message:
+                    message = f"{where}: {message}"
+                if skips is None:
+                    raise (type(err)(message) if isinstance(err, DataError) else err) from err
+                skips.add("image", image_id, message)
         has_soft = w._schema is not None and "cls_prob" in w._schema
     if not has_soft:
         warnings.warn(f"{out}: {format} carries no soft object labels (cls_prob); MRC objectives need them", stacklevel=2)

@@ -8,10 +8,19 @@ height exactly as the source format stored them, e.g. UNITER's fp16 ``norm_bb[:,
 ``conf`` (file attribute ``box_order``). File attributes record the format, the field schema and the
 extractor's provenance (JSON).
 
-Writes are atomic and resumable: ``FeatureStoreWriter`` buffers images and writes them in shard files
-``<out>.parts/shard-*.h5`` (each via temp file + rename); ``close`` merges the shards (and, on resume,
-the existing store) into a temp file renamed over ``<out>``. A killed run loses at most the buffered
-images; the next run with ``resume=True`` skips every image already in a shard or in ``<out>``.
+Writes are atomic and resumable: ``FeatureStoreWriter`` buffers images and commits them with ``flush``
+as shard files ``<out>.parts/shard-*.h5`` (each via temp file + rename; every ``flush_every`` images, and
+`vlkit.features.detector.extract_features` flushes after every batch); ``close`` merges the shards
+(and, on resume, the existing store) into a temp file renamed over ``<out>``. A killed run loses at
+most the images not yet flushed; the next run with ``resume=True`` skips every image already in a
+shard or in ``<out>``, and first deletes the temporary files a killed run left. Every
+``compact_every`` shards of one level are merged into one shard of the next level (as in an LSM tree:
+each image is copied about log_compact_every(N) times), which records the shards it replaces: a kill
+between its rename and their deletion is finished on the next start, so no image is stored twice.
+
+Every image is validated on write and on read (`vlkit.validate.region_problems`: at least one box,
+finite values, boxes well-ordered and inside the image); a bad one raises `InvalidRegionsError`
+naming the file and the image id.
 
 The number of boxes is chosen at load time: a fixed ``num_bb`` (first rows) or, as UNITER's
 ``compute_num_bb``, ``min(max_bb, max(min_bb, #(conf > conf_th)))`` over the confidence-sorted rows.
@@ -27,7 +36,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from vlkit.io import atomic_path
+from vlkit.io import atomic_path, remove_orphans
+from vlkit.validate import DataError, region_problems
 
 FORMAT = "vlkit-features"
 FORMAT_VERSION = 1
@@ -38,11 +48,29 @@ FIELDS: dict[str, tuple[int, str | None]] = {
     "attrs_id": (1, "int32"), "attrs_conf": (1, "float32"),
 }
 REQUIRED = ("features", "boxes")
+CHECKED = ("cls_prob", "attr_prob", "conf", "objects_conf", "attrs_conf")  # float fields that must be finite
 _UNCOMPARED = ("vlkit_version",)
+_FILE_ATTRS = ("provenance", "schema", "dtype")
+COMPACT_EVERY = 64
 
 
 class FeatureStoreError(RuntimeError):
     """A store file that cannot be read or written as asked (the message names the file and image)."""
+
+
+class InvalidRegionsError(FeatureStoreError, DataError):
+    """An image whose regions fail validation (no box, NaN / inf, boxes outside the image or inverted)."""
+
+
+def regions_error(path: Any, image_id: str, problems: list[str]) -> InvalidRegionsError:
+    return InvalidRegionsError(f"{path}: image {image_id!r}: {'; '.join(problems)}")
+
+
+def skipped_path(out: str | os.PathLike) -> Path:
+    """Where ``on_error=skip`` records the images extraction or import left out of the store ``out``
+    (``<out>.skipped.jsonl``, one JSON object per image with its reason)."""
+    out = Path(out)
+    return out.with_name(out.name + ".skipped.jsonl")
 
 
 def _key(image_id: str) -> str:
@@ -79,11 +107,18 @@ def _file_attrs(f, path: Path) -> dict[str, Any]:
         raise FeatureStoreError(f"{path}: not a vlkit feature store (missing vlkit_format={FORMAT!r} attribute)")
     if int(f.attrs.get("format_version", 0)) > FORMAT_VERSION:
         raise FeatureStoreError(f"{path}: format version {f.attrs['format_version']} is newer than this vlkit reads")
-    return {
-        "provenance": json.loads(f.attrs["provenance"]),
-        "schema": {k: tuple(v) for k, v in json.loads(f.attrs["schema"]).items()},
-        "dtype": str(f.attrs["dtype"]),
-    }
+    missing = [name for name in _FILE_ATTRS if name not in f.attrs]
+    if missing:
+        raise FeatureStoreError(f"{path}: says it is a vlkit feature store but lacks the file attribute(s) "
+                                f"{', '.join(missing)}; it was not written by vlkit's FeatureStoreWriter")
+    try:
+        provenance, schema = json.loads(f.attrs["provenance"]), json.loads(f.attrs["schema"])
+        schema = {str(k): tuple(int(d) for d in v) for k, v in schema.items()}
+        if not isinstance(provenance, dict):
+            raise TypeError(f"provenance is a {type(provenance).__name__}")
+    except (json.JSONDecodeError, TypeError, ValueError, AttributeError) as e:
+        raise FeatureStoreError(f"{path}: the provenance / schema attributes are not vlkit's JSON ({e})") from e
+    return {"provenance": provenance, "schema": schema, "dtype": str(f.attrs["dtype"])}
 
 
 def _provenance_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
@@ -104,6 +139,7 @@ class FeatureStoreWriter:
     def __init__(
         self, path: str | os.PathLike, provenance: Mapping[str, Any] | None = None, resume: bool = True,
         dtype: str = "float16", flush_every: int = 256, compression: str | None = None,
+        compact_every: int = COMPACT_EVERY,
     ):
         if dtype not in ("float16", "float32"):
             raise ValueError(f"dtype must be float16 or float32, got {dtype!r}")
@@ -112,16 +148,20 @@ class FeatureStoreWriter:
         self.provenance = json.loads(json.dumps({**(provenance or {}), "vlkit_version": _version()}, default=str))
         self.dtype = dtype
         self.flush_every = flush_every
+        self.compact_every = compact_every
         self.compression = compression
         self.resume = resume
         self.done_ids: set[str] = set()
         self._schema: dict[str, tuple[int, ...]] | None = None
         self._buffer: list[tuple[str, dict[str, Any]]] = []
         self._seq = 0
+        self._levels: dict[str, int] = {}  # shard name -> compaction level (0: written by flush)
         self._closed = False
+        self._remove_orphans()
         if not resume:
             shutil.rmtree(self.parts, ignore_errors=True)
             return
+        self._finish_compaction()
         for source in self._sources():
             with _open_h5(source) as f:
                 attrs = _file_attrs(f, source)
@@ -133,11 +173,34 @@ class FeatureStoreWriter:
                     )
                 self._check_schema(attrs["schema"], str(source))
                 self.done_ids.update(_unkey(k) for k in f.keys())
+                if source != self.path:
+                    self._levels[source.name] = int(f.attrs.get("level", 0))
         shards = self._shards()
         self._seq = int(shards[-1].stem.split("-")[1]) + 1 if shards else 0
 
     def _shards(self) -> list[Path]:
         return sorted(self.parts.glob("shard-*.h5")) if self.parts.is_dir() else []
+
+    def _remove_orphans(self) -> None:
+        """Delete the temporary files a killed writer left (a shard or the final merge in progress)."""
+        remove_orphans(self.path)
+        if self.parts.is_dir():
+            for name in {n[1:].split(".tmp-")[0] for n in os.listdir(self.parts) if n.startswith(".") and ".tmp-" in n}:
+                remove_orphans(self.parts / name)
+
+    def _finish_compaction(self) -> None:
+        """Delete the shards a compacted shard replaces (left when a kill came between its rename and their deletion)."""
+        for shard in self._shards():
+            with _open_h5(shard) as f:
+                replaced = json.loads(f.attrs.get("replaces", "[]"))
+            for name in replaced:
+                (self.parts / name).unlink(missing_ok=True)
+
+    def _next_shard(self) -> Path:
+        self.parts.mkdir(parents=True, exist_ok=True)
+        shard = self.parts / f"shard-{self._seq:06d}.h5"
+        self._seq += 1
+        return shard
 
     def _sources(self) -> list[Path]:
         existing = [self.path] if self.resume and self.path.exists() else []
@@ -176,11 +239,12 @@ class FeatureStoreWriter:
             rows[name] = arr
         if rows["boxes"].shape[1] != 4:
             raise ValueError(f"image {image_id!r}: boxes must be [N, 4], got {rows['boxes'].shape}")
-        for name in ("features", "boxes"):
-            if not np.isfinite(rows[name]).all():
-                raise ValueError(f"image {image_id!r}: field {name} holds NaN or inf")
         if int(image_h) <= 0 or int(image_w) <= 0:
-            raise ValueError(f"image {image_id!r}: image size must be positive, got h={image_h}, w={image_w}")
+            raise regions_error(self.path, image_id, [f"image size must be positive, got h={image_h}, w={image_w}"])
+        problems = region_problems(rows["features"], rows["boxes"], int(image_h), int(image_w),
+                                   **{k: rows[k] for k in CHECKED if k in rows})
+        if problems:
+            raise regions_error(self.path, image_id, problems)
         self._check_schema({k: tuple(v.shape[1:]) for k, v in sorted(rows.items())}, f"image {image_id!r}")
         if "conf" in rows:
             order = np.argsort(-rows["conf"].astype(np.float64), kind="stable")
@@ -203,11 +267,10 @@ class FeatureStoreWriter:
         f.attrs["boxes"] = "xyxy, " + str(self.provenance.get("box_units", "pixels"))
 
     def flush(self) -> None:
-        """Write the buffered images to a new shard (atomically)."""
+        """Commit the buffered images as a new shard (atomically); then `compact` what has piled up."""
         if not self._buffer:
             return
-        self.parts.mkdir(parents=True, exist_ok=True)
-        shard = self.parts / f"shard-{self._seq:06d}.h5"
+        shard = self._next_shard()
         with atomic_path(shard) as tmp:
             with _open_h5(tmp, "w") as f:
                 self._write_attrs(f)
@@ -216,8 +279,32 @@ class FeatureStoreWriter:
                     g.attrs["image_h"], g.attrs["image_w"] = rows.pop("image_h"), rows.pop("image_w")
                     for name, arr in rows.items():
                         g.create_dataset(name, data=arr, compression=self.compression if arr.ndim == 2 else None)
-        self._seq += 1
         self._buffer.clear()
+        self._levels[shard.name] = 0
+        self.compact()
+
+    def compact(self) -> None:
+        """While ``compact_every`` shards share a level, merge them into one shard of the next level
+        (atomically; it records the names it replaces), then delete them."""
+        while self.compact_every > 1:
+            by_level: dict[int, list[str]] = {}
+            for name, level in sorted(self._levels.items()):
+                by_level.setdefault(level, []).append(name)
+            full = [(level, names) for level, names in sorted(by_level.items()) if len(names) >= self.compact_every]
+            if not full:
+                return
+            level, names = full[0]
+            target = self._next_shard()
+            with atomic_path(target) as tmp:
+                with _open_h5(tmp, "w") as dst:
+                    self._write_attrs(dst)
+                    dst.attrs["replaces"] = json.dumps(names)
+                    dst.attrs["level"] = level + 1
+                    _copy_images([self.parts / n for n in names], dst)
+            for name in names:
+                (self.parts / name).unlink(missing_ok=True)
+                del self._levels[name]
+            self._levels[target.name] = level + 1
 
     def close(self) -> Path:
         """Flush and merge everything into ``path`` (atomic rename); returns the path."""
@@ -232,13 +319,7 @@ class FeatureStoreWriter:
         with atomic_path(self.path) as tmp:
             with _open_h5(tmp, "w") as dst:
                 self._write_attrs(dst)
-                total = 0
-                for source in sources:
-                    with _open_h5(source) as src:
-                        for name in src:
-                            src.copy(src[name], dst, name=name)
-                            total += 1
-                dst.attrs["num_images"] = total
+                dst.attrs["num_images"] = _copy_images(sources, dst)
         shutil.rmtree(self.parts, ignore_errors=True)
         return self.path
 
@@ -251,6 +332,17 @@ class FeatureStoreWriter:
         else:  # keep what is complete for a resumed run; never publish a partial store
             self.flush()
             self._closed = True
+
+
+def _copy_images(sources: list[Path], dst) -> int:
+    """Copy every image group of ``sources`` into the open h5 ``dst``, once (an image found again, in
+    shards a kill left beside the store they were merged into, is the same image); returns the count."""
+    for source in sources:
+        with _open_h5(source) as src:
+            for name in src:
+                if name not in dst:
+                    src.copy(src[name], dst, name=name)
+    return len(dst)
 
 
 # --------------------------------------------------------------------------- reading
@@ -377,9 +469,17 @@ class FeatureStore:
                     raise FeatureStoreError(f"{self.path}: image {image_id!r}: {name} has {ds.shape[0]} rows, features {total}")
                 arr = ds[:n]
                 out[name] = arr.astype(np.float32) if arr.dtype.kind == "f" else arr.astype(np.int64)
-            return Regions(image_h=int(g.attrs["image_h"]), image_w=int(g.attrs["image_w"]), **out)
-        except (OSError, KeyError) as e:
-            raise FeatureStoreError(f"{self.path}: image {image_id!r} is unreadable ({e})") from e
+            image_h, image_w = int(g.attrs["image_h"]), int(g.attrs["image_w"])
+        except (OSError, KeyError, ValueError, TypeError) as e:
+            raise FeatureStoreError(f"{self.path}: image {image_id!r} is unreadable ({type(e).__name__}: {e})") from e
+        if "features" not in out or "boxes" not in out:
+            raise FeatureStoreError(f"{self.path}: image {image_id!r} has no features / boxes (schema {self.schema})")
+        problems = region_problems(out["features"], out["boxes"], image_h, image_w,
+                                   **{k: out[k] for k in CHECKED if k in out})
+        if problems:
+            raise regions_error(self.path, image_id, problems)
+        return Regions(image_h=image_h, image_w=image_w, **out)
 
 
-__all__ = ["FeatureStore", "FeatureStoreWriter", "FeatureStoreError", "Regions", "num_boxes"]
+__all__ = ["FeatureStore", "FeatureStoreWriter", "FeatureStoreError", "InvalidRegionsError", "Regions", "num_boxes",
+           "regions_error", "skipped_path"]

@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from vlkit.io import atomic_path, atomic_write_text
-from vlkit.registry import MODELS, UnknownNameError
+from vlkit.io import WeightsMismatchError, atomic_write_text, key_difference, load_weights, save_weights
+from vlkit.registry import MODELS, UnknownNameError, did_you_mean
 from vlkit.types import Encoded, VLBatch, VLOutput
 
 CONFIG_NAME = "config.json"
@@ -34,7 +34,8 @@ class ModelConfig:
     def from_preset(cls, preset: str | None = None, **overrides: Any) -> "ModelConfig":
         preset = preset or cls.default_preset
         if preset not in cls.presets:
-            raise UnknownNameError(f"unknown {cls.family} preset {preset!r}; presets: {', '.join(cls.presets)}")
+            raise UnknownNameError(f"unknown {cls.family} preset {preset!r}{did_you_mean(preset, cls.presets)}; "
+                                   f"presets: {', '.join(cls.presets)} (model.preset=)")
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(overrides) - fields)
         if unknown:
@@ -210,14 +211,11 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
 
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write ``config.json`` and ``model.safetensors`` (each atomically) into ``directory``."""
-        from safetensors.torch import save_model
-
         from vlkit import __version__
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        with atomic_path(directory / WEIGHTS_NAME) as tmp:
-            save_model(self, str(tmp), metadata={"family": self.family, "format": "pt"})
+        save_weights(self, directory / WEIGHTS_NAME, metadata={"family": self.family, "format": "pt"})
         meta = {"family": self.family, "vlkit_version": __version__, "config": self.config_to_save()}
         atomic_write_text(directory / CONFIG_NAME, json.dumps(meta, indent=2, sort_keys=True))
         return directory
@@ -262,9 +260,8 @@ def list_presets() -> list[str]:
 
 def from_pretrained(directory: str | Path, map_location: str | torch.device = "cpu") -> VLModel:
     """Rebuild a model saved by ``save_pretrained`` (same family, preset, config and weights); a run
-    directory (a pre-training or fine-tuning output, a converted official checkpoint) gives its ``model/``."""
-    from safetensors.torch import load_model
-
+    directory (a pre-training or fine-tuning output, a converted official checkpoint) gives its ``model/``.
+    Every failure names the file at fault."""
     directory = Path(directory)
     if not (directory / CONFIG_NAME).is_file() and (directory / "model" / CONFIG_NAME).is_file():
         directory = directory / "model"
@@ -274,20 +271,23 @@ def from_pretrained(directory: str | Path, map_location: str | torch.device = "c
             raise FileNotFoundError(f"{path} is missing: not a vlkit model directory (save_pretrained writes "
                                     f"{CONFIG_NAME} and {WEIGHTS_NAME})")
     try:
-        meta = json.loads(config_path.read_text())
+        meta = json.loads(config_path.read_text(encoding="utf-8"))
         family, values = meta["family"], meta["config"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ValueError(f"{config_path}: not a vlkit model config ({err})") from err
-    cls = MODELS.get(family)
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{config_path}: not a vlkit model config ({type(err).__name__}: {err})") from err
+    try:
+        cls = MODELS.get(family)
+    except UnknownNameError as err:
+        raise UnknownNameError(f"{config_path}: {err} (is the plugin that provides it installed?)") from err
     names = {f.name for f in dataclasses.fields(cls.config_class)}
     unknown = sorted(set(values) - names)
     if unknown:
         raise ValueError(f"{config_path}: unknown {family} config key(s) {', '.join(unknown)}")
     model = cls(cls.config_class(**values))
-    missing, unexpected = load_model(model, str(weights_path), strict=False, device=str(map_location))
+    missing, unexpected = load_weights(model, weights_path, map_location, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{weights_path}: weights do not match the {family} config "
-                         f"(missing {missing[:5]}..., unexpected {unexpected[:5]}...)")
+        raise WeightsMismatchError(f"{weights_path}: weights do not match the {family} config of {config_path} "
+                                   f"({key_difference(missing, unexpected)})")
     return model
 
 

@@ -108,8 +108,11 @@ class Task(nn.Module, metaclass=abc.ABCMeta):
 
 def eval_batches(task: Task, batches: Iterable[VLBatch], desc: str) -> Iterable[VLBatch]:
     """Iterate ``batches`` on the task's device in eval mode under ``no_grad``, with a progress bar;
-    the previous train / eval mode is restored afterwards."""
+    the previous train / eval mode is restored afterwards. A batch whose inputs hold NaN or inf is an
+    error naming its examples and images (evaluation never scores NaN)."""
     from tqdm.auto import tqdm
+
+    from vlkit.validate import DataError, describe_inputs, nonfinite_inputs
 
     was_training = task.training
     task.eval()
@@ -117,6 +120,9 @@ def eval_batches(task: Task, batches: Iterable[VLBatch], desc: str) -> Iterable[
     try:
         with torch.no_grad():
             for batch in tqdm(batches, desc=desc, leave=False, disable=None):
+                found = nonfinite_inputs(batch)
+                if found:
+                    raise DataError(f"task {task.name}: NaN or inf in the evaluation inputs: {describe_inputs(found)}")
                 yield batch.to(device)
     finally:
         task.train(was_training)

@@ -33,7 +33,13 @@ class PairCollator:
     def __init__(self, collate: Callable[[list], VLBatch]):
         self.collate = collate
 
-    def __call__(self, items: Sequence[Sequence[Mapping[str, Any]]]) -> VLBatch:
+    def __call__(self, items: Sequence[Sequence[Mapping[str, Any]] | None]) -> VLBatch:
+        kept = [item for item in items if item is not None]  # None: skipped (data.on_error=skip)
+        if not kept:
+            from vlkit.validate import DataError
+
+            raise DataError(f"PairCollator: all {len(items)} items of a batch were skipped (data.on_error=skip)")
+        items = kept
         bad = next((k for k, item in enumerate(items) if len(item) != 2), None)
         if bad is not None:
             raise ValueError(f"PairCollator: item {bad} holds {len(items[bad])} examples, not a [left, right] pair")
@@ -62,12 +68,30 @@ class ImagePairTexts(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.pairs)
 
-    def __getitem__(self, i: int) -> list[dict[str, Any]]:
+    def __getitem__(self, i: int) -> list[dict[str, Any]] | None:
         left = self.pairs[i]
+        if left is None:  # skipped (data.on_error=skip)
+            return None
         right = {k: v for k, v in left.items() if k in ("id", "input_ids", "targets")}
         right["image_id"] = self.right_images[int(i)]
-        right.update(self.pairs.image_source(right["image_id"]))
+        fields = self.pairs.load_image(left["id"], right["image_id"])
+        if fields is None:
+            return None
+        right.update(fields)
         return [left, right]
+
+    def image_ids(self) -> list[str]:
+        """Every left and right image id (the preflight checks them against the image source)."""
+        return self.pairs.image_ids() + self.right_images
+
+    def example_ids(self) -> list[str]:
+        return self.pairs.example_ids() * 2
+
+    def drop(self, example_ids: Any) -> int:
+        """Leave the items ``example_ids`` out (the preflight's ``skip``)."""
+        dropped = self.pairs.drop(example_ids)
+        self.right_images = [str(x) for x in self.pairs.data["right_image"]]
+        return dropped
 
     def lengths(self) -> list[tuple[int, int]]:
         """(tokens, image units) of each item's two padded rows, for `vlkit.data.batching`."""

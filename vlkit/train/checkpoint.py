@@ -5,7 +5,8 @@ A checkpoint holds ``model.safetensors`` (the whole training module: model + hea
 ``scaler.pt`` with fp16, and ``trainer_state.json`` (step, data position, config and the size and
 SHA-256 of every other file). All ``.pt`` files load with ``torch.load(weights_only=True)``. The
 directory is filled under a hidden temporary name and renamed into place, so a crash mid-save
-leaves the previous checkpoints untouched; ``latest`` names the newest one.
+leaves the previous checkpoints untouched; ``latest`` names the newest one. Files and folders get the
+modes the umask gives (a shared machine's other users can read them when the umask lets them).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vlkit.io import atomic_write_text, sha256_file
+from vlkit.io import UnreadableFileError, atomic_write_text, honour_umask, key_difference, sha256_file, torch_load_weights
 
 WEIGHTS = "model.safetensors"
 STATE = "trainer_state.json"
@@ -110,6 +111,7 @@ def save_checkpoint(root: str | os.PathLike, step: int, module: nn.Module, optim
         meta = {**state, "step": step, "files": files}
         (tmp / STATE).write_text(json.dumps(meta, indent=2, sort_keys=True))
         _fsync(tmp / STATE)
+        honour_umask(tmp, recursive=True)  # mkdtemp makes 0700, safetensors 0600
         if final.exists():  # the same step saved again: swap it out, then drop the old copy
             old = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{step}.old.", dir=root))
             os.replace(final, old / final.name)
@@ -161,9 +163,9 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
 
 def _torch_load(file: Path) -> Any:
     try:
-        return torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unpickling failure means a bad file
-        raise CheckpointError(f"{file} cannot be read ({type(err).__name__}: {err})") from err
+        return torch_load_weights(file)
+    except (OSError, UnreadableFileError) as err:  # any unpickling failure means a bad file
+        raise CheckpointError(str(err) if str(file) in str(err) else f"{file} cannot be read ({err})") from err
 
 
 def load_checkpoint(path: str | os.PathLike, module: nn.Module, optimizer: torch.optim.Optimizer | None = None,
@@ -180,8 +182,7 @@ def load_checkpoint(path: str | os.PathLike, module: nn.Module, optimizer: torch
     except Exception as err:  # noqa: BLE001 - safetensors raises several kinds on a bad file
         raise CheckpointError(f"{weights} cannot be read ({type(err).__name__}: {err})") from err
     if missing or unexpected:
-        raise CheckpointError(f"{weights} does not match {type(module).__name__}: missing {missing[:5]}, "
-                              f"unexpected {unexpected[:5]}")
+        raise CheckpointError(f"{weights} does not match {type(module).__name__}: {key_difference(missing, unexpected)}")
     for obj, name in ((optimizer, "optimizer.pt"), (scheduler, "scheduler.pt"), (scaler, "scaler.pt")):
         if obj is None or (name == "scaler.pt" and name not in meta["files"]):  # fp16 turned on since
             continue

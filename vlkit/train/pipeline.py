@@ -1,7 +1,9 @@
 """The glue of a run: data environment -> model -> pre-training or fine-tuning with the `Trainer`.
 
 `vlkit pretrain | finetune | evaluate` (``commands.py``) and `vlkit compare` call these functions,
-so a comparison runs exactly what the single commands run.
+so a comparison runs exactly what the single commands run. Each runs the preflight
+(`vlkit.train.preflight`) before step 1: every problem of the output folder, the mix, the task and the
+data against the model is reported at once, before anything is trained or written.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import torch
 
 from vlkit.models.base import VLModel, split_model_config, from_pretrained
 from vlkit.registry import DATASETS, MODELS, TASKS
+from vlkit.validate import DataError, SkipLog
 
 PRETRAINING_WEIGHTS = "pretraining.safetensors"
 TASK_WEIGHTS = "task.safetensors"
@@ -71,6 +74,11 @@ class Environment:
     image_source: Any
     pairs: Any = None  # the pre-training pairs, once built (`pretraining_dataset`)
 
+    @property
+    def skips(self) -> SkipLog:
+        """What ``data.on_error=skip`` left out of the task data (the pre-training pairs keep their own)."""
+        return self.image_source.skips
+
     def model_overrides(self, model_cfg: Mapping[str, Any]) -> dict[str, Any]:
         """Sizes the data decides: the tokenizer's vocabulary (unless a pre-trained text tower is
         named) and the feature store's feature / class dimensions. A model key set explicitly keeps its
@@ -123,7 +131,7 @@ def prepare_environment(model_cfg: Mapping[str, Any], data_cfg: Mapping[str, Any
     elif image.get("source") != "features":
         raise ValueError(f"{name} takes region features: set data.image.source=features and data.image.path")
     tokenizer = build_tokenizer(data.get("tokenizer", "shapes"))
-    return Environment(data, world, tokenizer, build_image_source(image, world))
+    return Environment(data, world, tokenizer, build_image_source(image, world, data.get("on_error") or "raise"))
 
 
 def build_run_model(env: Environment, model_cfg: Mapping[str, Any], init: str | None = None) -> VLModel:
@@ -137,18 +145,6 @@ def build_run_model(env: Environment, model_cfg: Mapping[str, Any], init: str | 
     return build_model(plain(model_cfg), **env.model_overrides(plain(model_cfg)))
 
 
-def saved_model_config(directory: str | Path) -> dict[str, Any]:
-    """The model config (``{name, <field>: value}``) of a run directory's ``model/`` or of a saved model directory."""
-    from vlkit.models.base import CONFIG_NAME
-
-    directory = Path(directory)
-    path = directory / "model" / CONFIG_NAME if (directory / "model" / CONFIG_NAME).is_file() else directory / CONFIG_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: {directory} is not a vlkit run or model directory")
-    saved = json.loads(path.read_text())
-    return {"name": saved["family"], **saved["config"]}
-
-
 def pretraining_dataset(env: Environment):
     """The image-text pairs of ``env.data`` (registered dataset ``data.name``), built once per environment."""
     if env.pairs is None:
@@ -158,27 +154,39 @@ def pretraining_dataset(env: Environment):
 
 def save_run(directory: Path, module: torch.nn.Module, info: dict[str, Any]) -> None:
     """Write the final model (``model/``), the whole training module's weights and ``run.json``."""
-    from safetensors.torch import save_model
-
-    from vlkit.io import atomic_path, atomic_write_text
+    from vlkit.io import atomic_write_text, save_weights
 
     directory.mkdir(parents=True, exist_ok=True)
     module.model.save_pretrained(directory / "model")
     name = TASK_WEIGHTS if info.get("kind") == "finetune" else PRETRAINING_WEIGHTS
-    with atomic_path(directory / name) as tmp:
-        save_model(module, str(tmp))
+    save_weights(module, directory / name)
     atomic_write_text(directory / RUN_INFO, json.dumps(info, indent=2, sort_keys=True, default=str))
+
+
+def read_run_info(directory: str | Path) -> dict[str, Any]:
+    """``run.json`` of a pretrain / finetune output_dir; a missing or corrupt file is an error naming it."""
+    path = Path(directory) / RUN_INFO
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: {directory} is not the output_dir of a vlkit pretrain or finetune run")
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+        info["kind"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
+        raise DataError(f"{path} is not a vlkit run record ({type(err).__name__}: {err})") from err
+    return info
 
 
 def load_pretraining(directory: str | Path, model: VLModel | None = None):
     """The `Pretraining` module (model + objective heads) saved by a pre-training run."""
-    from safetensors.torch import load_model
+    from vlkit.io import load_weights
 
     directory = Path(directory)
-    info = json.loads((directory / RUN_INFO).read_text())
+    info = read_run_info(directory)
+    if "objectives" not in info:
+        raise DataError(f"{directory / RUN_INFO} records no objective mix: {directory} is not a pre-training run")
     model = model or from_pretrained(directory / "model")
     pre = rebuild_pretraining(model, {"objectives": info["objectives"], "seed": info.get("seed")})
-    load_model(pre, str(directory / PRETRAINING_WEIGHTS), strict=True)
+    load_weights(pre, directory / PRETRAINING_WEIGHTS)
     return pre
 
 
@@ -218,14 +226,32 @@ class RecordingLoader:
 
 
 def _fit(module: torch.nn.Module, dataset: Any, collate: Any, trainer_cfg: Any, output_dir: str | Path, seed: int,
-         seen: list[str] | None, lengths: Any = None):
-    from vlkit.train.trainer import Trainer, TrainerConfig
+         seen: list[str] | None, lengths: Any = None, data_source: str | None = None):
+    from vlkit.train.trainer import NonFiniteLossError, Trainer, TrainerConfig
 
     config = TrainerConfig.from_cfg(trainer_cfg, output_dir=str(output_dir), seed=seed)
     trainer = Trainer(module, config)
     needs_lengths = config.batching == "units" or config.group_by_length
     loader = trainer.loader(dataset, collate, lengths() if needs_lengths and lengths is not None else None)
-    return trainer.fit(loader if seen is None else RecordingLoader(loader, seen))
+    try:
+        return trainer.fit(loader if seen is None else RecordingLoader(loader, seen))
+    except NonFiniteLossError as err:
+        if data_source and data_source not in str(err):
+            raise NonFiniteLossError(f"{err} [data: {data_source}]") from err
+        raise
+
+
+def _resume(trainer_cfg: Any) -> bool:
+    value = trainer_cfg.get("resume", False) if hasattr(trainer_cfg, "get") else getattr(trainer_cfg, "resume", False)
+    return bool(value)
+
+
+def data_source(env: Environment) -> str:
+    """The data of ``env`` for messages: the dataset and the feature store or image folder."""
+    from vlkit.data.pairs import image_index
+
+    _, where = image_index(env.image_source)
+    return f"data={env.data.get('name')}" + (f", {where}" if where and " " in where else "")
 
 
 def family_mix(model: VLModel, mix: Any = None) -> Any:
@@ -239,16 +265,24 @@ def family_mix(model: VLModel, mix: Any = None) -> Any:
 
 
 def pretrain_model(env: Environment, model: VLModel, mix: Any, trainer_cfg: Any, output_dir: str | Path,
-                   seed: int = 0, seen: list[str] | None = None):
+                   seed: int = 0, seen: list[str] | None = None, preflight: Any = None):
     """Pre-train ``model`` on ``env``'s pairs with objective mix ``mix`` (None: the family's own); returns
-    (module, TrainResult). ``seen`` (a list) receives the id of every training example in the order it was used."""
+    (module, TrainResult). ``seen`` (a list) receives the id of every training example in the order it was used.
+    ``preflight``: a `vlkit.train.preflight.Preflight` already holding the caller's checks (``init=`` ...)."""
     from vlkit.objectives import build_pretraining
+    from vlkit.train.preflight import Preflight
 
+    check = preflight or Preflight()
+    check.check_output_dir(output_dir, _resume(trainer_cfg))
     mix = family_mix(model, mix)
-    pre = build_pretraining(model, mix, tokenizer=env.tokenizer, seed=seed)
+    check.check_mix(model, mix, env.image_source)
     dataset = pretraining_dataset(env)
+    check.check_data("pre-training", dataset, model)
+    check.finish(output_dir)
+    pre = build_pretraining(model, mix, tokenizer=env.tokenizer, seed=seed)
     _fit_tokenizers(pre, dataset)
-    result = _fit(pre, dataset, dataset.collator(), trainer_cfg, output_dir, seed, seen, dataset.lengths)
+    result = _fit(pre, dataset, dataset.collator(), trainer_cfg, output_dir, seed, seen, dataset.lengths,
+                  data_source(env))
     save_run(Path(output_dir), pre, {"kind": "pretrain", "family": model.family, "objectives": mix, "seed": seed,
                                      "data": env.data, "steps": result.step})
     return pre, result
@@ -256,7 +290,7 @@ def pretrain_model(env: Environment, model: VLModel, mix: Any, trainer_cfg: Any,
 
 def finetune_task(env: Environment, model: Any, task_cfg: Mapping[str, Any], trainer_cfg: Any,
                   output_dir: str | Path, seed: int = 0, eval_splits: tuple[str, ...] = ("val",),
-                  seen: list[str] | None = None):
+                  seen: list[str] | None = None, preflight: Any = None):
     """Fine-tune on the task of ``task_cfg`` and evaluate on ``eval_splits``.
 
     ``model`` is a `VLModel`, or a `Pretraining` module whose heads a task may start from (retrieval
@@ -265,11 +299,17 @@ def finetune_task(env: Environment, model: Any, task_cfg: Mapping[str, Any], tra
     """
     from vlkit.objectives import Pretraining
     from vlkit.tasks import build_task
+    from vlkit.train.preflight import Preflight
 
     task_cfg = plain(task_cfg)
     name = task_cfg["name"]
     cls = TASKS.get(name)
+    check = preflight or Preflight()
+    check.check_output_dir(output_dir, _resume(trainer_cfg))
+    check.check_task(cls, model)
     data = cls.build_data(task_cfg, env.tokenizer, env.image_source, env.world)
+    check_task_data(check, name, data, model, eval_splits)
+    check.finish(output_dir)
     options = {**data.options, **(task_cfg.get("options") or {})}
     pretraining = None
     if isinstance(model, Pretraining):
@@ -279,7 +319,8 @@ def finetune_task(env: Environment, model: Any, task_cfg: Mapping[str, Any], tra
             model = model.model
     task = build_task(name, model, **options)
     collate = data.collate or data.train.collator()
-    result = _fit(task, data.train, collate, trainer_cfg, output_dir, seed, seen, getattr(data.train, "lengths", None))
+    result = _fit(task, data.train, collate, trainer_cfg, output_dir, seed, seen, getattr(data.train, "lengths", None),
+                  data_source(env))
     metrics = evaluate_task(task, data, eval_splits, task_cfg.get("eval_batch_size", 64))
     info = {"kind": "finetune", "task": name, "family": task.model.family, "options": _jsonable(options),
             "seed": seed, "data": env.data, "task_cfg": task_cfg, "steps": result.step, "metrics": metrics,
@@ -288,12 +329,33 @@ def finetune_task(env: Environment, model: Any, task_cfg: Mapping[str, Any], tra
     return task, data, result, metrics
 
 
+def check_task_data(check: Any, name: str, data: Any, model: Any, eval_splits: tuple[str, ...]) -> None:
+    """The preflight of a task's data: its training set (sampled) and the evaluation splits (in full up to a size)."""
+    if data.train is not None:
+        check.check_data(f"{name} train", data.train, model)
+    for split in eval_splits:
+        if split not in data.eval:
+            check.problem(f"task {name} has no {split!r} evaluation set (eval_splits); it has {', '.join(data.eval) or 'none'}")
+        else:
+            check.check_data(f"{name} {split}", data.eval[split], model, evaluation=True)
+
+
 def evaluate_task(task: Any, data: Any, splits: tuple[str, ...], batch_size: int = 64) -> dict[str, float]:
+    """``<split>/<metric>`` of ``task`` on each split. Never scores NaN: weights that hold NaN / inf, and
+    a metric that comes out NaN / inf, are errors naming the parameter or the metric."""
+    bad = [n for n, p in task.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise FloatingPointError(f"task {task.name!r}: the weights hold NaN or inf ({', '.join(bad[:3])}"
+                                 f"{' ...' if len(bad) > 3 else ''}); refusing to evaluate a diverged model")
     out: dict[str, float] = {}
     for split in splits:
         if split not in data.eval:
             raise KeyError(f"task {task.name!r} has no {split!r} evaluation set; it has {', '.join(data.eval)}")
-        out.update({f"{split}/{k}": float(v) for k, v in task.evaluate(data.eval[split], batch_size=batch_size).items()})
+        scores = {f"{split}/{k}": float(v) for k, v in task.evaluate(data.eval[split], batch_size=batch_size).items()}
+        nonfinite = [k for k, v in scores.items() if not torch.isfinite(torch.tensor(v))]
+        if nonfinite:
+            raise FloatingPointError(f"task {task.name!r}: {', '.join(nonfinite)} came out NaN or inf; not reported")
+        out.update(scores)
     return out
 
 

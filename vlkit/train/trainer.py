@@ -344,7 +344,7 @@ class Trainer:
                 acc.backward(out.loss / cfg.grad_accum)
             value = float(out.loss.detach().float())
             if bad is None and not math.isfinite(value):
-                bad = {"micro_batch": k, "value": value, "ids": (batch.ids or [])[:8]}
+                bad = _nonfinite_record(k, value, batch, out)
             losses.append(value)
             for name, v in out.detached_metrics().items():
                 metrics.setdefault(name, []).append(v)
@@ -371,15 +371,11 @@ class Trainer:
                       padding=1.0 - sum(r["real"] for r in ranks) / padded if padded else 0.0)
         return record
 
-    @staticmethod
-    def _check_finite(ranks: list[dict[str, Any]], step: int) -> None:
+    def _check_finite(self, ranks: list[dict[str, Any]], step: int) -> None:
         for rank, r in enumerate(ranks):
             if r["bad"] is not None:
-                b = r["bad"]
-                raise NonFiniteLossError(
-                    f"step {step}: the loss is {b['value']} on rank {rank}, micro-batch {b['micro_batch']} "
-                    f"(examples {b['ids']}); stopped before the optimizer step. Lower the lr, enable grad_clip "
-                    "or use bf16 instead of fp16, then resume from the last checkpoint")
+                raise NonFiniteLossError(_nonfinite_message(r["bad"], rank, step,
+                                                            ckpt.latest_checkpoint(self.checkpoint_dir)))
 
     def _restore_rng(self, restored: Mapping[str, Any], path: Path) -> None:
         states = restored["rng"]
@@ -438,6 +434,37 @@ class Trainer:
         finally:
             module.train(was_training)
         return {k: float(v) for k, v in out.items()}
+
+
+def _nonfinite_record(micro_batch: int, value: float, batch: VLBatch, out: LossOutput) -> dict[str, Any]:
+    """What a NaN / inf loss came from: the examples, their images, the objectives and any bad inputs."""
+    from vlkit.validate import nonfinite_inputs
+
+    metrics = out.detached_metrics()
+    active = sorted(k.split("/", 1)[1] for k in metrics if k.startswith("objective/"))
+    culprits = sorted(k.rsplit("/", 1)[0] for k, v in metrics.items() if k.endswith("/loss") and not math.isfinite(v))
+    return {"micro_batch": micro_batch, "value": value, "ids": (batch.ids or [])[:8],
+            "image_ids": (batch.image_ids or [])[:8], "objectives": culprits or active,
+            "inputs": nonfinite_inputs(batch)[:8]}
+
+
+def _nonfinite_message(bad: Mapping[str, Any], rank: int, step: int, checkpoint: Path | None) -> str:
+    from vlkit.validate import describe_inputs
+
+    where = f"step {step}: the loss is {bad['value']}"
+    if bad.get("objectives"):
+        where += f" (objective {', '.join(bad['objectives'])})"
+    where += f" on rank {rank}, micro-batch {bad['micro_batch']} (examples {bad['ids']}"
+    where += f", images {bad['image_ids']})" if bad.get("image_ids") else ")"
+    where += "; stopped before the optimizer step."
+    if bad.get("inputs"):
+        return (f"{where} The inputs hold NaN or inf: {describe_inputs(bad['inputs'])}. Fix or remove that data; "
+                "the optimisation is not at fault")
+    last = (f"the last checkpoint, {checkpoint}, holds the weights before the failure" if checkpoint is not None
+            else "no checkpoint was written before the failure")
+    return (f"{where} The inputs are finite, so training diverged: start again in a new trainer.output_dir with a "
+            f"lower trainer.lr, trainer.grad_clip > 0 or bf16 instead of fp16 (resume=true would keep the "
+            f"checkpoint's learning rate); {last}")
 
 
 def read_metrics(output_dir: str | Path) -> list[dict[str, Any]]:

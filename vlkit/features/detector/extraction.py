@@ -8,8 +8,10 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from vlkit.features.detector.network import BottomUpDetector, _as_rgb_array
+from vlkit.features.detector.network import BottomUpDetector
 from vlkit.features.detector.weights import load_detector
+from vlkit.features.store import skipped_path
+from vlkit.validate import DataError, SkipLog, check_image_size, check_on_error, rgb_array
 
 
 def extract_features(
@@ -17,12 +19,21 @@ def extract_features(
     weights: str | os.PathLike | None = None, batch_size: int = 8, device: str = "cpu",
     min_boxes: int | None = None, max_boxes: int | None = None, conf_th: float | None = None,
     resume: bool = True, dtype: str = "float16", progress: bool = True, total: int | None = None,
+    on_error: str = "raise",
 ) -> Path:
     """Extract region features of ``(image_id, image)`` pairs into the h5 store ``out``.
 
-    ``image`` is a PIL image, an RGB uint8 array or a path (opened only when needed). Images already in
-    the store (or in an interrupted run's completed shards) are skipped when ``resume`` is true.
-    Batches group images of the same resized size, so batching never pads (features equal batch 1).
+    ``image`` is a PIL image, an RGB uint8 array or a path (opened only when needed, with
+    `vlkit.validate.decode_image`: EXIF orientation applied, 16-bit / palette / alpha / CMYK images
+    converted). Images already in the store (or in an interrupted run's completed shards) are skipped
+    when ``resume`` is true. Batches group images of the same resized size, so batching never pads
+    (features equal batch 1). Every batch is committed to the store's shards as soon as it is
+    extracted, so a killed run loses at most the batch in flight.
+
+    A bad image (unreadable, smaller than `vlkit.validate.MIN_IMAGE_SIDE` px, elongated beyond
+    `vlkit.validate.MAX_ASPECT_RATIO`, or giving fewer than ``min_boxes`` regions) raises `DataError`
+    naming it with ``on_error="raise"``; with ``"skip"`` it is left out, counted, logged and recorded
+    with its reason in ``<out>.skipped.jsonl`` (`skipped_path`).
     """
     from tqdm.auto import tqdm
 
@@ -45,6 +56,14 @@ def extract_features(
     }
     if total is None and hasattr(images, "__len__"):
         total = len(images)  # type: ignore[arg-type]
+    check_on_error(on_error, "on_error")
+    skips = SkipLog(skipped_path(out)) if on_error == "skip" else None
+
+    def refuse(image_id: str, err: DataError) -> None:
+        if skips is None:
+            raise err
+        skips.add("image", image_id, str(err))
+
     with FeatureStoreWriter(out, provenance=provenance, resume=resume, dtype=dtype) as writer:
         bar = tqdm(total=total, desc=f"extract {Path(out).name}", unit="img", disable=not progress)
         pending: dict[tuple[int, int], list[tuple[str, np.ndarray]]] = {}
@@ -52,8 +71,15 @@ def extract_features(
         def run(key: tuple[int, int]) -> None:
             batch = pending.pop(key)
             outs = model.extract([a for _, a in batch], conf_thresh=sel["conf_th"], min_boxes=sel["min_boxes"], max_boxes=sel["max_boxes"])
-            for (image_id, _), o in zip(batch, outs):
-                writer.add(image_id, **o)
+            for (image_id, arr), o in zip(batch, outs):
+                try:
+                    if len(o["boxes"]) < max(1, sel["min_boxes"]):
+                        raise DataError(f"image {image_id!r} ({arr.shape[1]}x{arr.shape[0]} px, w x h): the detector "
+                                        f"found {len(o['boxes'])} regions, fewer than min_boxes={sel['min_boxes']}")
+                    writer.add(image_id, **o)
+                except DataError as err:
+                    refuse(image_id, err)
+            writer.flush()  # commit the batch: a kill loses at most the next one
             bar.update(len(batch))
 
         for image_id, image in images:
@@ -62,9 +88,12 @@ def extract_features(
                 bar.update(1)
                 continue
             try:
-                arr = _as_rgb_array(image)
-            except Exception as e:  # noqa: BLE001 - re-raised with the id
-                raise ValueError(f"image {image_id!r}: cannot read ({e})") from e
+                arr = rgb_array(image, image_id)
+                check_image_size(image_id, *arr.shape[:2])
+            except DataError as err:
+                refuse(image_id, err)
+                bar.update(1)
+                continue
             h, w = arr.shape[:2]
             s = model.resize_scale(h, w)
             key = (round(h * s), round(w * s))

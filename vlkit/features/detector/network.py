@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -446,18 +445,11 @@ class BottomUpDetector(nn.Module):
 
 
 def _as_rgb_array(img: Any) -> np.ndarray:
-    """PIL image (any mode), path, or HxWx3 uint8 RGB array -> HxWx3 uint8 RGB array."""
-    if isinstance(img, (str, os.PathLike)):
-        from PIL import Image
+    """PIL image (any mode), path, or HxWx3 uint8 RGB array -> HxWx3 uint8 RGB array (`vlkit.validate.rgb_array`:
+    EXIF orientation applied, 16-bit / palette / alpha / CMYK images converted, bad files refused)."""
+    from vlkit.validate import rgb_array
 
-        with Image.open(img) as im:
-            return np.asarray(im.convert("RGB"))
-    if hasattr(img, "convert"):
-        return np.asarray(img.convert("RGB"))
-    arr = np.asarray(img)
-    if arr.ndim != 3 or arr.shape[2] != 3:
-        raise ValueError(f"expected an HxWx3 RGB image, got an array of shape {arr.shape}")
-    return arr.astype(np.uint8, copy=False)
+    return rgb_array(img)
 
 
 def _numpy(d: dict[str, Any]) -> dict[str, Any]:

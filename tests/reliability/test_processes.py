@@ -1,0 +1,38 @@
+"""Catalogue: processes end cleanly. The two-process gloo run itself is
+``tests/train/test_distributed.py::test_two_gloo_processes_match_one``; its worker used to exit with a
+live process group and aborted now and then ("terminate called without an active exception", exit
+code -6). `vlkit.train.distributed.shutdown` (barrier, then ``destroy_process_group``) ends the group
+while the interpreter is alive; the worker and the console script call it."""
+from __future__ import annotations
+
+import torch
+
+
+def test_shutdown_ends_a_gloo_process_group(tmp_path):
+    import torch.distributed as dist
+
+    from vlkit.train.distributed import shutdown
+
+    shutdown()  # no group: nothing to do
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        t = torch.ones(3)
+        dist.all_reduce(t)
+        assert t.tolist() == [1.0, 1.0, 1.0]
+    finally:
+        shutdown()
+    assert not dist.is_initialized()
+
+
+def test_console_ends_the_process_group_even_when_the_command_fails(tmp_path, monkeypatch, vlkit_console):
+    import torch.distributed as dist
+
+    import vlkit.features.commands as commands
+
+    def failing(cfg):
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+        raise FileNotFoundError(f"{tmp_path / 'images'}: no images")
+
+    monkeypatch.setattr(commands, "extract_features", failing)
+    code, _, err = vlkit_console("extract-features", f"images={tmp_path / 'images'}", f"out={tmp_path / 'f.h5'}")
+    assert code == 1 and "no images" in err and not dist.is_initialized()
