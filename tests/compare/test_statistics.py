@@ -127,3 +127,44 @@ def test_chance_levels_and_meta_sum_chance():
     chance = chance_levels(recs)
     assert chance["meta_sum"] == pytest.approx(100 * (0.2 + 0.0025 + 0.0025 + 0.5 + 0.19))
     assert analyse(recs)["chance"] == chance
+
+
+def test_held_out_itm_accuracy_pairs_every_caption_with_its_image_and_another(tmp_path):
+    """`itm_accuracy` on a perfect and on a constant scorer: 1.0 and exactly 0.5 (balanced pairs)."""
+    import torch
+    from torch import nn
+
+    from vlkit.compare.scheduling import itm_accuracy
+    from vlkit.data.pairs import ImageTextPairs
+    from vlkit.data.shapes import shapes_tokenizer
+
+    def source(image_id):
+        return {"region_feats": torch.full((2, 4), float(image_id)), "region_boxes": torch.tensor([[0.1, 0.1, 0.5, 0.5]] * 2)}
+
+    records = [{"id": f"{i}#{k}", "image_id": str(i), "caption": "a picture of a red circle."}
+               for i in range(6) for k in range(3)]
+    pairs = ImageTextPairs(records, shapes_tokenizer(), source, max_len=20)
+
+    class Model(nn.Module):  # the "joint vector": does the row's image match its caption's image?
+        device = torch.device("cpu")
+
+        def forward(self, batch, pooled_only=False):
+            caption_image = torch.tensor([float(i.split("#")[0]) for i in batch.ids])
+            return (batch.region_feats[:, 0, 0] == caption_image).float()
+
+    class Itm(nn.Module):
+        def __init__(self, constant=None):
+            super().__init__()
+            self.constant = constant
+
+        def match_score(self, matched):
+            return torch.full_like(matched, self.constant) if self.constant is not None else matched
+
+    class Pre(nn.Module):
+        def __init__(self, itm):
+            super().__init__()
+            self.model, self.objectives = Model(), nn.ModuleDict({"itm": itm})
+
+    assert itm_accuracy(Pre(Itm()), pairs, batch_size=4) == 1.0
+    assert itm_accuracy(Pre(Itm(constant=0.9)), pairs, batch_size=5) == 0.5
+    assert itm_accuracy(Pre(Itm()), pairs, limit=7) == 1.0

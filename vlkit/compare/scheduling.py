@@ -14,7 +14,7 @@ from vlkit.compare.config import RunSpec, mix_label, objective_mix, run_specs, t
 from vlkit.compare.statistics import HEADLINE
 from vlkit.train import pipeline
 
-IMAGE_SIDE = ("id", "input_ids", "attention_mask", "targets")  # the keys of an example that are not its image
+TEXT_SIDE = ("id", "input_ids", "attention_mask", "targets")  # the keys of an example that are not its image
 
 
 def digest(items: Iterable[Any]) -> str:
@@ -53,7 +53,7 @@ def itm_accuracy(pre: Any, pairs: Any, limit: int = 2000, batch_size: int = 128,
     itm = pre.objectives["itm"]
     n = min(limit, len(pairs))
     generator = torch.Generator().manual_seed(seed)
-    image_of = [pairs[i]["image_id"] for i in range(len(pairs))]
+    image_of = [str(i) for i in pairs.data["image_id"]]
     if len(set(image_of)) < 2:
         raise ValueError("itm_accuracy: the held-out pairs show a single image; negatives need two")
     negatives = []
@@ -70,8 +70,8 @@ def itm_accuracy(pre: Any, pairs: Any, limit: int = 2000, batch_size: int = 128,
         for start in range(0, n, batch_size):
             rows = range(start, min(n, start + batch_size))
             positive = [pairs[i] for i in rows]
-            negative = [{**{k: v for k, v in pairs[j].items() if k not in IMAGE_SIDE},
-                         **{k: v for k, v in ex.items() if k in IMAGE_SIDE}} for ex, j in zip(positive, negatives[start:])]
+            negative = [{**{k: v for k, v in pairs[j].items() if k not in TEXT_SIDE},
+                         **{k: v for k, v in ex.items() if k in TEXT_SIDE}} for ex, j in zip(positive, negatives[start:])]
             for examples, matched in ((positive, True), (negative, False)):
                 score = itm.match_score(pre.model(collate(examples).to(pre.model.device), pooled_only=True))
                 correct += int(((score > 0.5) == matched).sum())
