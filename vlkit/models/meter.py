@@ -109,8 +109,8 @@ class Meter(VLModel):
     objective_defaults = {"itm": {"negatives": "image", "split": "half", "match_index": 1, "dropout": 0.0}}
     # meter/config.py task_mlm_itm_clip_bert, meter_utils.set_schedule (no gradient clipping)
     trainer_preset = dict(max_steps=100000, lr=1e-5, lr_mult=5.0, lr_mult_head=5.0, betas=[0.9, 0.98], eps=1e-8,
-                          weight_decay=0.01, no_decay="bert_timm", warmup=0.1, schedule="polynomial", power=1.0,
-                          end_lr=0.0, schedule_offset=0, grad_clip=0.0, batching="fixed")
+                          adamw_rule="hf", weight_decay=0.01, no_decay="bert_timm", warmup=0.1, schedule="polynomial",
+                          power=1.0, end_lr=0.0, schedule_offset=0, grad_clip=0.0, batching="fixed")
 
     def __init__(self, config: MeterConfig):
         super().__init__(config)

@@ -56,8 +56,8 @@ class Uniter(VLModel):
     }
     # config/pretrain-*-base-8gpu.json, optim/misc.py (AdamW eps 1e-6), optim/sched.py
     trainer_preset = dict(max_steps=200000, lr=5e-5, betas=[0.9, 0.98], eps=1e-6, weight_decay=0.01, no_decay="bert",
-                          warmup=10000, schedule="linear", schedule_offset=1, grad_clip=5.0, batching="units",
-                          max_units=10240, bucket_size=8192, size_multiple=8)
+                          adamw_rule="hf", warmup=10000, schedule="linear", schedule_offset=1, grad_clip=5.0,
+                          batching="units", max_units=10240, bucket_size=8192, size_multiple=8)
 
     def __init__(self, config: UniterConfig):
         super().__init__(config)

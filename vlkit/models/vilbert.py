@@ -130,7 +130,8 @@ class ViLBERT(VLModel):
     }
     # train_concap.py: AdamW, WarmupLinearSchedule stepped before the optimizer, no clipping
     trainer_preset = dict(lr=1e-4, betas=[0.9, 0.98], eps=1e-8, weight_decay=0.01, no_decay="bert", warmup=0.1,
-                          schedule="linear", schedule_offset=1, grad_clip=0.0, batching="fixed", batch_size=512)
+                          adamw_rule="hf", schedule="linear", schedule_offset=1, grad_clip=0.0, batching="fixed",
+                          batch_size=512)
     official_task_ids = {"vqa": 1, "nlvr2": 12, "snli_ve": 13}  # vilbert_tasks.yml TASK<n>
 
     def __init__(self, config: ViLBERTConfig):
