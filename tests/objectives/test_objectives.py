@@ -1,6 +1,7 @@
 """Issue 3: every objective on every compatible family, the mixture's sampling and masking policies,
 YAML presets, and a tiny model overfitting 16 pairs with each family's own recipe."""
 import collections
+import contextlib
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from scipy.stats import chisquare
 
 import vlkit
 from vlkit.objectives import IncompatibleObjective, build_objective, build_pretraining, load_mix
+from vlkit.models.meter import MeterConfig
 from vlkit.objectives.mix import PRESET_DIR, Pretraining
 
 COMPATIBLE = {
@@ -222,6 +224,31 @@ def test_shared_encodings_give_the_same_loss_and_gradients(build_tiny, family):
         out.loss.backward()
         results.append((out.loss.detach(), [p.grad.clone() for p in pre.parameters() if p.grad is not None]))
     assert torch.allclose(results[0][0], results[1][0], atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(results[0][1], results[1][1]))
+
+
+def test_meter_shares_its_deterministic_image_tower_when_the_text_tower_has_dropout(build_tiny):
+    """CLIP has no dropout: its encoding is shared by the MLM and ITM passes while the text (dropout 0.1) is
+    encoded per pass; loss and gradients equal encoding everything per pass (same dropout draws)."""
+    from unittest import mock
+
+    text_config = {**MeterConfig.presets["tiny"]["text_config"], "hidden_dropout_prob": 0.1}
+    model = build_tiny("meter", text_config=text_config, drop_rate=0.1)
+    pre = build_pretraining(model, "meter").train()
+    batch = model.example_batch(batch_size=4, seed=2).replace(image_ids=[str(i) for i in range(4)])
+    results = []
+    for shared in (True, False):
+        pre.zero_grad()
+        images = _count_calls(model, "encode_image")
+        torch.manual_seed(3)
+        with mock.patch.object(type(model), "encoding_modules", lambda self, side: (self,)) if not shared else \
+                contextlib.nullcontext():
+            out = pre(batch, step=0)
+        out.loss.backward()
+        assert len(images) == (1 if shared else 2)
+        results.append((out.loss.detach(), [p.grad.clone() for p in pre.parameters() if p.grad is not None]))
+    assert torch.allclose(results[0][0], results[1][0], atol=1e-6)
+    assert len(results[0][1]) == len(results[1][1])
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(results[0][1], results[1][1]))
 
 

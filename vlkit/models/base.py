@@ -118,6 +118,12 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
         ``pooled_only=True`` computes the last layer of each stream only at the positions its pooler
         reads (same ``joint`` / poolers; ``text_states`` / ``image_states`` then hold those positions)."""
 
+    def encoding_modules(self, side: str) -> tuple[nn.Module, ...]:
+        """The modules ``encode_text`` (``side="text"``) or ``encode_image`` (``"image"``) run. Training shares
+        one encoding of a side between the passes of a step when none of them draws random numbers
+        (dropout); the default, the whole model, never shares more than that rule allows."""
+        return (self,)
+
     def forward(self, batch: VLBatch, pooled_only: bool = False, **kwargs: Any) -> VLOutput:
         return self.fuse(self.encode_text(batch, **kwargs), self.encode_image(batch, **kwargs), pooled_only)
 

@@ -121,31 +121,36 @@ def vision_has_cls(model: nn.Module) -> bool:
     return getattr(model, "cls_token", None) is not None
 
 
+_CLIP_RENAMES = {"conv1.weight": "patch_embed.proj.weight", "class_embedding": "cls_token",
+                 "positional_embedding": "pos_embed", "ln_pre.weight": "norm_pre.weight", "ln_pre.bias": "norm_pre.bias",
+                 "ln_post.weight": "norm.weight", "ln_post.bias": "norm.bias"}
+_CLIP_BLOCK_RENAMES = {"attn.in_proj_weight": "attn.qkv.weight", "attn.in_proj_bias": "attn.qkv.bias",
+                       "attn.out_proj.weight": "attn.proj.weight", "attn.out_proj.bias": "attn.proj.bias",
+                       "ln_1.weight": "norm1.weight", "ln_1.bias": "norm1.bias", "ln_2.weight": "norm2.weight",
+                       "ln_2.bias": "norm2.bias", "mlp.c_fc.weight": "mlp.fc1.weight", "mlp.c_fc.bias": "mlp.fc1.bias",
+                       "mlp.c_proj.weight": "mlp.fc2.weight", "mlp.c_proj.bias": "mlp.fc2.bias"}
+
+
+def clip_visual_key_to_timm(key: str, layers: int) -> str | None:
+    """The timm ViT key of an OpenAI CLIP visual key (``[vit_model.]visual.conv1.weight``, ...), or None for
+    what METER does not use (the text tower, ``proj``, blocks at index >= ``layers``)."""
+    if "visual." not in key:
+        return None
+    key = key.split("visual.", 1)[1]
+    if key.startswith("transformer.resblocks."):
+        index, rest = key[len("transformer.resblocks."):].split(".", 1)
+        return f"blocks.{index}.{_CLIP_BLOCK_RENAMES[rest]}" if int(index) < layers else None
+    return None if key == "proj" else _CLIP_RENAMES[key]
+
+
 def openai_clip_visual_to_timm(state: dict[str, Tensor], layers: int) -> dict[str, Tensor]:
     """OpenAI CLIP visual keys (``[vit_model.]visual.conv1.weight``, ``...resblocks.N.attn.in_proj_weight``)
     -> timm ViT keys. Blocks at index >= ``layers`` and the text tower are dropped, as in METER."""
-    renames = {"conv1.weight": "patch_embed.proj.weight", "class_embedding": "cls_token",
-               "positional_embedding": "pos_embed", "ln_pre.weight": "norm_pre.weight", "ln_pre.bias": "norm_pre.bias",
-               "ln_post.weight": "norm.weight", "ln_post.bias": "norm.bias"}
-    block_renames = {"attn.in_proj_weight": "attn.qkv.weight", "attn.in_proj_bias": "attn.qkv.bias",
-                     "attn.out_proj.weight": "attn.proj.weight", "attn.out_proj.bias": "attn.proj.bias",
-                     "ln_1.weight": "norm1.weight", "ln_1.bias": "norm1.bias", "ln_2.weight": "norm2.weight",
-                     "ln_2.bias": "norm2.bias", "mlp.c_fc.weight": "mlp.fc1.weight", "mlp.c_fc.bias": "mlp.fc1.bias",
-                     "mlp.c_proj.weight": "mlp.fc2.weight", "mlp.c_proj.bias": "mlp.fc2.bias"}
     out: dict[str, Tensor] = {}
     for key, value in state.items():
-        if "visual." not in key:
-            continue
-        key = key.split("visual.", 1)[1]
-        if key == "proj":
-            continue  # CLIP's output projection: METER does not use it
-        if key.startswith("transformer.resblocks."):
-            index, rest = key[len("transformer.resblocks."):].split(".", 1)
-            if int(index) >= layers:
-                continue
-            out[f"blocks.{index}.{block_renames[rest]}"] = value
-        else:
-            out[renames[key]] = value
+        new = clip_visual_key_to_timm(key, layers)
+        if new is not None:
+            out[new] = value
     out["cls_token"] = out["cls_token"].reshape(1, 1, -1)
     out["pos_embed"] = out["pos_embed"].unsqueeze(0)
     return out

@@ -165,6 +165,11 @@ class Meter(VLModel):
         """Pixels per image-token side: the ViT patch, or a Swin's total stride."""
         return self.config.patch_size if self.image_offset else self.vit_model.feature_info[-1]["reduction"]
 
+    def encoding_modules(self, side: str) -> tuple[nn.Module, ...]:
+        if side == "text":
+            return self.text_transformer, self.cross_modal_text_transform, self.token_type_embeddings
+        return self.vit_model, self.cross_modal_image_transform, self.token_type_embeddings
+
     def encode_text(self, batch: VLBatch, **_: Any) -> Encoded:
         states = self.text_transformer(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
         states = self.cross_modal_text_transform(states) + self.token_type_embeddings.weight[0]

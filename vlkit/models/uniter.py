@@ -73,6 +73,9 @@ class Uniter(VLModel):
     def get_region_projection(self) -> nn.Linear:
         return self.img_embeddings.img_linear
 
+    def encoding_modules(self, side: str) -> tuple[nn.Module, ...]:
+        return (self.embeddings,) if side == "text" else (self.img_embeddings, self.embeddings.token_type_embeddings)
+
     def encode_text(self, batch: VLBatch, **_: Any) -> Encoded:
         return Encoded(self.embeddings(batch.input_ids), batch.attention_mask)
 
