@@ -137,12 +137,29 @@ def run_layers(layers: Sequence[nn.Module], states: Tensor, mask: Tensor, last_r
 
 
 def run_single_stream(layers: Sequence[nn.Module], text: Encoded, image: Encoded,
-                      pooled_rows: tuple[Sequence[int], Sequence[int]] | None = None) -> tuple[Tensor, Tensor]:
+                      pooled_rows: tuple[Sequence[int], Sequence[int]] | None = None,
+                      pack: bool = False) -> tuple[Tensor, Tensor]:
     """One transformer over the concatenated ``[text; image]`` -> (text states, image states).
 
     ``pooled_rows`` = (text rows, image rows), each indexed within its own stream: the last layer
-    computes only those, and the returned states hold only them."""
+    computes only those, and the returned states hold only them. ``pack=True`` lays each example's image
+    right after its own text and pads only to the longest pair (UNITER's ``gather_index``) instead of
+    ``[text padded | image padded]``: the same outputs at every real position, fewer positions when the
+    lengths vary (pad positions come back as zeros); it needs the pooled rows, if any, in the text."""
     t = text.states.shape[1]
+    if pack and (pooled_rows is None or not len(pooled_rows[1])):
+        packed = _packing(text.mask, image.mask)
+        if packed is not None:
+            index, mask, text_index, image_index = packed
+            states = torch.cat([text.states, image.states], dim=1)
+            states = states.gather(1, index[..., None].expand(-1, -1, states.shape[-1]))
+            rows = None if pooled_rows is None else list(pooled_rows[0])
+            states = run_layers(layers, states, additive_mask(mask, states.dtype), rows)
+            if rows is not None:
+                return states, states[:, :0]
+            unpack = [states.gather(1, i[..., None].expand(-1, -1, states.shape[-1])).masked_fill(m[..., None] == 0, 0)
+                      for i, m in ((text_index, text.mask), (image_index, image.mask))]
+            return unpack[0], unpack[1]
     states = torch.cat([text.states, image.states], dim=1)
     mask = additive_mask(torch.cat([text.mask, image.mask], dim=1), states.dtype)
     if pooled_rows is None:
@@ -151,6 +168,24 @@ def run_single_stream(layers: Sequence[nn.Module], text: Encoded, image: Encoded
     text_rows, image_rows = pooled_rows
     states = run_layers(layers, states, mask, [*text_rows, *(t + r for r in image_rows)])
     return states[:, :len(text_rows)], states[:, len(text_rows):]
+
+
+def _packing(text_mask: Tensor, image_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+    """Index maps of the packed layout (real text positions first, then real image positions; masks are
+    left-aligned): ``(gather index [B, L] into [text | image], packed mask [B, L], text positions [B, T]
+    and image positions [B, K] in the packed sequence)``; None when packing saves no position."""
+    t, k = text_mask.shape[1], image_mask.shape[1]
+    t_len, k_len = text_mask.sum(1, keepdim=True), image_mask.sum(1, keepdim=True)
+    total = t_len + k_len
+    length = int(total.max())  # one host sync: the packed length is a shape
+    if length >= t + k:
+        return None
+    pos = torch.arange(length, device=text_mask.device)[None]
+    index = torch.where(pos < t_len, pos, t + pos - t_len).clamp(max=t + k - 1)
+    mask = (pos < total).to(text_mask.dtype)
+    text_index = torch.arange(t, device=text_mask.device)[None].clamp(max=length - 1).expand(len(t_len), -1)
+    image_index = (t_len + torch.arange(k, device=text_mask.device)[None]).clamp(max=length - 1)
+    return index, mask, text_index, image_index
 
 
 def bert_layers(c) -> nn.ModuleList:

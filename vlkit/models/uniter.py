@@ -1,9 +1,9 @@
 """UNITER (Chen et al. 2020): one BERT stream over ``[CLS] text [SEP]`` followed by the regions, as in
 ChenRocks/UNITER ``model/model.py`` (module names without the official ``uniter.`` prefix).
 
-The official code gathers each example's regions right after its own text length; vlkit keeps
-``[text padded | regions padded]`` with the attention mask, which gives the same outputs at every
-real position (attention is permutation-equivariant and positions are embedded before packing).
+The official code gathers each example's regions right after its own text length (``gather_index``);
+so does vlkit's ``fuse`` (`run_single_stream` with ``pack=True``), padding only to the longest text +
+regions pair, and it scatters the states back to ``[text padded | regions padded]`` for the objectives.
 """
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ class Uniter(VLModel):
         return Encoded(states, batch.region_mask)
 
     def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False) -> VLOutput:
-        txt, img = run_single_stream(self.encoder.layer, text, image, ([0], []) if pooled_only else None)
+        txt, img = run_single_stream(self.encoder.layer, text, image, ([0], []) if pooled_only else None, pack=True)
         pooled = self.pooler(txt)
         return VLOutput(text_states=txt, text_mask=text.mask[:, :txt.shape[1]], image_states=img,
                         image_mask=image.mask[:, :img.shape[1]], text_pooled=pooled, image_pooled=pooled, joint=pooled)
