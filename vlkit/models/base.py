@@ -124,6 +124,19 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
         (dropout); the default, the whole model, never shares more than that rule allows."""
         return (self,)
 
+    def set_activation_checkpointing(self, enabled: bool = True) -> int:
+        """Recompute every transformer block's activations in the backward pass (less memory, the same
+        outputs and gradients); see `vlkit.models.layers.set_activation_checkpointing`."""
+        from vlkit.models.layers import set_activation_checkpointing
+
+        return set_activation_checkpointing(self, enabled)
+
+    def compile_blocks(self, **options: Any) -> int:
+        """``torch.compile`` every transformer block in place (`vlkit.models.layers.compile_blocks`)."""
+        from vlkit.models.layers import compile_blocks
+
+        return compile_blocks(self, **options)
+
     def forward(self, batch: VLBatch, pooled_only: bool = False, **kwargs: Any) -> VLOutput:
         return self.fuse(self.encode_text(batch, **kwargs), self.encode_image(batch, **kwargs), pooled_only)
 

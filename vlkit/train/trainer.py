@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from vlkit.models.layers import compile_blocks, set_activation_checkpointing
 from vlkit.train import checkpoint as ckpt
 from vlkit.train.distributed import BATCHING, batch_units, build_train_loader, shard_batch
 from vlkit.train.logging import JSONLTracker, flatten, progress, resolve_trackers, truncate_jsonl
@@ -64,6 +65,8 @@ class TrainerConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 disables
     grad_accum: int = 1
     mixed_precision: str = "no"  # no | bf16 | fp16
+    activation_checkpointing: bool = False  # recompute each transformer block in the backward pass (less memory)
+    compile: bool = False  # torch.compile each transformer block (regional compilation)
     cpu: bool = False
     # data (Trainer.loader)
     batching: str = "fixed"  # fixed | units (UNITER's token buckets: tokens + regions/patches)
@@ -275,6 +278,10 @@ class Trainer:
                                     cfg.lr_mult_head, cfg.no_decay, cfg.adamw_rule, cfg.adamw_impl)
         scheduler = build_scheduler(optimizer, cfg.max_steps, cfg.warmup, cfg.schedule, cfg.power, cfg.end_lr,
                                     cfg.schedule_offset)
+        if cfg.activation_checkpointing:
+            set_activation_checkpointing(self.module)
+        if cfg.compile:
+            compile_blocks(self.module)
         model, optimizer = acc.prepare(self.module, optimizer)
         self._model = model
         step, epoch, consumed, restored = 0, 0, 0, None
