@@ -272,3 +272,21 @@ def test_compiled_blocks_keep_outputs(family, build_tiny):
     torch.testing.assert_close(compiled[0], plain[0], rtol=0, atol=1e-6)
     for name, grad in plain[1].items():
         torch.testing.assert_close(compiled[1][name], grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fused_projections_keep_outputs_and_gradients(family, build_tiny, monkeypatch):
+    """Q/K/V (and ViLBERT's co-attention projections) as one GEMM over the concatenated weights: the
+    outputs and gradients of one GEMM each, and the state-dict keys unchanged."""
+    from vlkit.models import layers
+
+    model = build_tiny(family).train()
+    batch = model.example_batch(batch_size=3)
+    keys = list(model.state_dict())
+    fused = _loss_and_grads(model, batch)
+    monkeypatch.setattr(layers, "FUSE_PROJECTIONS", False)
+    separate = _loss_and_grads(model, batch)
+    torch.testing.assert_close(fused[0], separate[0], rtol=0, atol=1e-6)
+    for name, grad in separate[1].items():
+        assert (fused[1][name] - grad).abs().max() <= 1e-5 * grad.abs().max().clamp(min=1.0), name
+    assert list(model.state_dict()) == keys

@@ -39,6 +39,20 @@ def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
     return ((1.0 - mask[:, None, None, :].to(dtype)) * MASK_VALUE).to(dtype)
 
 
+# Query / key / value projections that read the same input run as one GEMM over their concatenated weights
+# (the weights stay separate modules, so checkpoints keep the official key layout); False: one GEMM each.
+FUSE_PROJECTIONS = True
+
+
+def project(x: Tensor, *layers: nn.Linear) -> tuple[Tensor, ...]:
+    """``layers[i](x)`` for each layer: one ``F.linear`` over the concatenated weights (`FUSE_PROJECTIONS`)."""
+    if len(layers) == 1 or not FUSE_PROJECTIONS or len({layer.bias is None for layer in layers}) > 1:
+        return tuple(layer(x) for layer in layers)
+    bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
+    weight = torch.cat([layer.weight for layer in layers])
+    return F.linear(x, weight, bias).split([layer.out_features for layer in layers], dim=-1)
+
+
 def attend(query: Tensor, key: Tensor, value: Tensor, num_heads: int, mask: Tensor | None,
            dropout_p: float) -> Tensor:
     """Multi-head scaled dot-product attention on projected [B, L, H] inputs -> [B, Lq, H]."""
@@ -68,9 +82,11 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(kv_size or hidden_size, attention_size)
 
     def forward(self, hidden: Tensor, mask: Tensor | None, context: Tensor | None = None) -> Tensor:
-        context = hidden if context is None else context
-        return attend(self.query(hidden), self.key(context), self.value(context), self.num_heads, mask,
-                      self.dropout if self.training else 0.0)
+        if context is None:  # self-attention: Q, K and V from one GEMM
+            q, k, v = project(hidden, self.query, self.key, self.value)
+        else:
+            (q,), (k, v) = project(hidden, self.query), project(context, self.key, self.value)
+        return attend(q, k, v, self.num_heads, mask, self.dropout if self.training else 0.0)
 
 
 class BertOutput(nn.Module):
@@ -278,8 +294,10 @@ class BiAttention(nn.Module):
     def forward(self, vis: Tensor, vis_mask: Tensor, txt: Tensor, txt_mask: Tensor) -> tuple[Tensor, Tensor]:
         """Returns (vision-side context from text, text-side context from vision); both read the inputs."""
         p = self.dropout if self.training else 0.0
-        ctx_txt = attend(self.query2(txt), self.key1(vis), self.value1(vis), self.num_heads, vis_mask, p)
-        ctx_vis = attend(self.query1(vis), self.key2(txt), self.value2(txt), self.num_heads, txt_mask, p)
+        q1, k1, v1 = project(vis, self.query1, self.key1, self.value1)
+        q2, k2, v2 = project(txt, self.query2, self.key2, self.value2)
+        ctx_txt = attend(q2, k1, v1, self.num_heads, vis_mask, p)
+        ctx_vis = attend(q1, k2, v2, self.num_heads, txt_mask, p)
         return ctx_vis, ctx_txt
 
 
