@@ -252,6 +252,30 @@ def test_meter_shares_its_deterministic_image_tower_when_the_text_tower_has_drop
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(results[0][1], results[1][1]))
 
 
+@pytest.mark.parametrize("family,mix", [("meter", "meter"), ("uniter", "uniter_itm"), ("vilbert", "vilbert")])
+def test_joint_only_passes_fuse_pooled_positions_only(build_tiny, family, mix):
+    """An ITM-only pass runs the last fusion layers at the pooled positions: the same loss and gradients."""
+    from unittest import mock
+
+    from vlkit.objectives.itm import ImageTextMatching
+
+    model = build_tiny(family)
+    pre = build_pretraining(model, mix).train()
+    batch = model.example_batch(batch_size=4, seed=3).replace(image_ids=[str(i) for i in range(4)])
+    results = []
+    for joint_only in (True, False):
+        pre.zero_grad()
+        torch.manual_seed(5)  # ViLBERT's ITM head has dropout
+        with mock.patch.object(ImageTextMatching, "joint_only", joint_only):
+            out = pre(batch, step=0)
+        out.loss.backward()
+        results.append((out.loss.detach(), [p.grad.clone() for p in pre.parameters() if p.grad is not None]))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=1e-6)
+    assert len(results[0][1]) == len(results[1][1])
+    for a, b in zip(results[0][1], results[1][1]):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max().clamp(min=1.0)
+
+
 def test_stochastic_sees_dropout_only_in_training(build_tiny):
     from vlkit.objectives.mix import stochastic
 

@@ -90,6 +90,9 @@ class Objective(nn.Module, metaclass=abc.ABCMeta):
 
     name: ClassVar[str] = ""
     view: ClassVar[str] = ""
+    # reads only ``VLOutput.joint`` / the pooled vectors: a pass whose objectives all do runs the last
+    # fusion layers at the pooled positions only (``fuse(pooled_only=True)``, the same poolers)
+    joint_only: ClassVar[bool] = False
 
     def __init__(self, model: VLModel):
         super().__init__()

@@ -225,7 +225,9 @@ class Pretraining(nn.Module):
                 out = (clean.text(rows, batch), clean.image(rows, batch))
             else:
                 corrupted, ctx = self.corrupt(batch, views, generator)
-                out = self.model.fuse(clean.text(ctx.text_from, corrupted), clean.image(ctx.image_from, corrupted))
+                pooled_only = all(self.objectives[name].joint_only for name, _ in scored)
+                out = self.model.fuse(clean.text(ctx.text_from, corrupted), clean.image(ctx.image_from, corrupted),
+                                      pooled_only)
             for name, weight in scored:
                 result = self.objectives[name](out, corrupted, ctx)
                 total = weight * result.loss if total is None else total + weight * result.loss
