@@ -44,13 +44,23 @@ def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
 FUSE_PROJECTIONS = True
 
 
+def _fusable(layers: Sequence[nn.Linear]) -> bool:
+    return FUSE_PROJECTIONS and len(layers) > 1 and len({layer.bias is None for layer in layers}) == 1
+
+
+def project_cat(x: Tensor, *layers: nn.Linear) -> Tensor:
+    """``cat([layer(x) for layer in layers], -1)``, as one ``F.linear`` over the concatenated weights."""
+    if not _fusable(layers):
+        return torch.cat([layer(x) for layer in layers], dim=-1)
+    bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
+    return F.linear(x, torch.cat([layer.weight for layer in layers]), bias)
+
+
 def project(x: Tensor, *layers: nn.Linear) -> tuple[Tensor, ...]:
     """``layers[i](x)`` for each layer: one ``F.linear`` over the concatenated weights (`FUSE_PROJECTIONS`)."""
-    if len(layers) == 1 or not FUSE_PROJECTIONS or len({layer.bias is None for layer in layers}) > 1:
+    if not _fusable(layers):
         return tuple(layer(x) for layer in layers)
-    bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
-    weight = torch.cat([layer.weight for layer in layers])
-    return F.linear(x, weight, bias).split([layer.out_features for layer in layers], dim=-1)
+    return project_cat(x, *layers).split([layer.out_features for layer in layers], dim=-1)
 
 
 def attend(query: Tensor, key: Tensor, value: Tensor, num_heads: int, mask: Tensor | None,
@@ -291,11 +301,21 @@ class BiAttention(nn.Module):
         self.key2 = nn.Linear(t_hidden_size, bi_hidden_size)
         self.value2 = nn.Linear(t_hidden_size, bi_hidden_size)
 
-    def forward(self, vis: Tensor, vis_mask: Tensor, txt: Tensor, txt_mask: Tensor) -> tuple[Tensor, Tensor]:
-        """Returns (vision-side context from text, text-side context from vision); both read the inputs."""
+    def project_vision(self, vis: Tensor) -> Tensor:
+        """``[query1 | key1 | value1](vis)`` [B, K, 3 x bi]: what this layer computes from the visual stream alone."""
+        return project_cat(vis, self.query1, self.key1, self.value1)
+
+    def project_text(self, txt: Tensor) -> Tensor:
+        """``[query2 | key2 | value2](txt)`` [B, T, 3 x bi]."""
+        return project_cat(txt, self.query2, self.key2, self.value2)
+
+    def forward(self, vis: Tensor, vis_mask: Tensor, txt: Tensor, txt_mask: Tensor, vis_proj: Tensor | None = None,
+                txt_proj: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Returns (vision-side context from text, text-side context from vision); both read the inputs.
+        ``vis_proj`` / ``txt_proj``: the projections of `project_vision` / `project_text`, when cached."""
         p = self.dropout if self.training else 0.0
-        q1, k1, v1 = project(vis, self.query1, self.key1, self.value1)
-        q2, k2, v2 = project(txt, self.query2, self.key2, self.value2)
+        q1, k1, v1 = (self.project_vision(vis) if vis_proj is None else vis_proj).chunk(3, dim=-1)
+        q2, k2, v2 = (self.project_text(txt) if txt_proj is None else txt_proj).chunk(3, dim=-1)
         ctx_txt = attend(q2, k1, v1, self.num_heads, vis_mask, p)
         ctx_vis = attend(q1, k2, v2, self.num_heads, txt_mask, p)
         return ctx_vis, ctx_txt

@@ -104,8 +104,9 @@ class ConnectionLayer(nn.Module):
         self.t_intermediate = BertIntermediate(c.hidden_size, c.intermediate_size, c.hidden_act)
         self.t_output = BertOutput(c.intermediate_size, c.hidden_size, eps, c.hidden_dropout_prob)
 
-    def forward(self, vis: Tensor, vis_mask: Tensor, txt: Tensor, txt_mask: Tensor) -> tuple[Tensor, Tensor]:
-        ctx_vis, ctx_txt = self.biattention(vis, vis_mask, txt, txt_mask)
+    def forward(self, vis: Tensor, vis_mask: Tensor, txt: Tensor, txt_mask: Tensor, vis_proj: Tensor | None = None,
+                txt_proj: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        ctx_vis, ctx_txt = self.biattention(vis, vis_mask, txt, txt_mask, vis_proj, txt_proj)
         vis, txt = self.biOutput(ctx_vis, vis, ctx_txt, txt)
         return self.v_output(self.v_intermediate(vis), vis), self.t_output(self.t_intermediate(txt), txt)
 
@@ -115,7 +116,8 @@ class ViLBERT(VLModel):
     """ViLBERT: ``joint = pooled_t * pooled_v`` (ReLU poolers 768->1024 and 1024->1024).
 
     ``encode_text`` caches the text stream up to its first co-attention layer, ``encode_image``
-    the region embeddings with the leading [IMG] token (mean of the real regions, box [0,0,1,1]).
+    the region embeddings with the leading [IMG] token (mean of the real regions, box [0,0,1,1]); each
+    also caches the first co-attention's projections of its stream (``extra["co_proj"]``).
     """
 
     family = "vilbert"
@@ -177,10 +179,12 @@ class ViLBERT(VLModel):
             emb = torch.cat([emb[:, :1], task, emb[:, 1:]], dim=1)
             mask = torch.cat([mask[:, :1], torch.ones_like(mask[:, :1]), mask[:, 1:]], dim=1)
         states = self.embeddings.normalize(emb)
-        if not self.config.single_stream:
-            first_co = self._first_layers()[0]
-            states = run_layers(self.encoder.layer[:first_co], states, additive_mask(mask, states.dtype))
-        return Encoded(states, mask)
+        if self.config.single_stream:
+            return Encoded(states, mask)
+        first_co = self._first_layers()[0]
+        states = run_layers(self.encoder.layer[:first_co], states, additive_mask(mask, states.dtype))
+        # the first co-attention's query2 / key2 / value2 read this alone: cached with it
+        return Encoded(states, mask, {"co_proj": self.encoder.c_layer[0].biattention.project_text(states)})
 
     def encode_image(self, batch: VLBatch, **_: Any) -> Encoded:
         if not batch.has_regions:
@@ -193,10 +197,11 @@ class ViLBERT(VLModel):
         boxes = torch.cat([img_box, boxes], dim=1)
         mask = torch.cat([torch.ones_like(mask[:, :1]), mask], dim=1)
         states = self.v_embeddings(feats, boxes)
-        if not self.config.single_stream:
-            first_co = self._first_layers()[1]
-            states = run_layers(self.encoder.v_layer[:first_co], states, additive_mask(mask, states.dtype))
-        return Encoded(states, mask)
+        if self.config.single_stream:
+            return Encoded(states, mask)
+        first_co = self._first_layers()[1]
+        states = run_layers(self.encoder.v_layer[:first_co], states, additive_mask(mask, states.dtype))
+        return Encoded(states, mask, {"co_proj": self.encoder.c_layer[0].biattention.project_vision(states)})
 
     def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False) -> VLOutput:
         c = self.config
@@ -212,7 +217,8 @@ class ViLBERT(VLModel):
             for count, (v_end, t_end) in enumerate(zip(c.v_biattention_id, c.t_biattention_id)):
                 txt = run_layers(self.encoder.layer[t_start:t_end], txt, t_mask)
                 vis = run_layers(self.encoder.v_layer[v_start:v_end], vis, v_mask)
-                vis, txt = self.encoder.c_layer[count](vis, v_mask, txt, t_mask)
+                cached = (image.extra.get("co_proj"), text.extra.get("co_proj")) if count == 0 else (None, None)
+                vis, txt = self.encoder.c_layer[count](vis, v_mask, txt, t_mask, *cached)
                 t_start, v_start = t_end, v_end
             vis = run_layers(self.encoder.v_layer[v_start:], vis, v_mask, first)
             txt = run_layers(self.encoder.layer[t_start:], txt, t_mask, first)
