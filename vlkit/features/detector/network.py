@@ -294,7 +294,9 @@ class RoIHeads(nn.Module):
     def pooled_features(self, feats: Tensor, rois: list[Tensor]) -> Tensor:
         """RoIPool on the C4 map, res5, mean pooling: [sum(len(rois)), feature_dim]; the RoIs of every
         image run through res5 together, in chunks of ``roi_chunk``, in the memory format of ``feats``."""
-        x = roi_pool(feats, rois, self.cfg.pooler_resolution, 1.0 / self.cfg.feature_stride)
+        # torchvision's RoIPool has no bfloat16 kernel: pool a bf16 (autocast) map in fp32
+        pool_in = feats.float() if feats.dtype == torch.bfloat16 else feats
+        x = roi_pool(pool_in, rois, self.cfg.pooler_resolution, 1.0 / self.cfg.feature_stride)
         if feats.is_contiguous(memory_format=torch.channels_last) and not feats.is_contiguous():
             x = x.contiguous(memory_format=torch.channels_last)
         if self.training or x.shape[0] <= self.roi_chunk:
@@ -391,7 +393,8 @@ class BottomUpDetector(nn.Module):
                 for b, s in zip(given_boxes, prep.scales)
             ]
         pooled = self.roi_heads.pooled_features(feats, rois)
-        logits, deltas, attr = self.roi_heads.box_predictor(pooled)
+        logits, deltas, attr = (t.float() for t in self.roi_heads.box_predictor(pooled))
+        pooled = pooled.float()
         out, start = [], 0
         for r, s in zip(rois, prep.scales):
             sl = slice(start, start + len(r))
@@ -405,7 +408,7 @@ class BottomUpDetector(nn.Module):
         return out
 
     def rpn_outputs(self, feats: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        logits, deltas = self.proposal_generator.rpn_head(feats)
+        logits, deltas = (t.float() for t in self.proposal_generator.rpn_head(feats))  # boxes in fp32 under autocast
         anchors = grid_anchors(self.proposal_generator.cell_anchors, feats.shape[2], feats.shape[3], self.cfg.feature_stride)
         return logits, deltas, anchors
 
