@@ -135,6 +135,11 @@ def _stub_vilbert() -> None:
         _mod(name)
     _mod("botocore.exceptions", ClientError=type("ClientError", (Exception,), {}))
     _mod("tensorboardX", SummaryWriter=_Noop)
+    for name in ("requests", "tqdm"):  # used by utils.py's downloads only
+        try:
+            __import__(name)
+        except ImportError:
+            _mod(name, tqdm=_Noop)
 
 
 def _stub_uniter() -> None:

@@ -72,3 +72,20 @@ def test_packed_sequence_gives_the_padded_outputs_at_real_positions(build_tiny):
     assert len(grads[0]) == len(grads[1])
     for a, b in zip(*grads):  # float sums in another order: within 1e-5 of each gradient's scale
         assert (a - b).abs().max() <= 1e-5 * a.abs().max().clamp(min=1.0)
+
+
+def test_packed_sequence_with_kept_rows(build_tiny):
+    """Packing and computing only kept positions together: the kept real positions as in the full run."""
+    model = build_tiny("uniter")
+    batch = _ragged_batch(model)
+    keep_t = torch.zeros(3, 12, dtype=torch.bool)
+    keep_t[:, 3] = True
+    keep_i = torch.zeros(3, 10, dtype=torch.bool)
+    keep_i[1, 7] = keep_i[2, 0] = True
+    with torch.no_grad():
+        text, image = model.encode_text(batch), model.encode_image(batch)
+        full, pruned = model.fuse(text, image), model.fuse(text, image, keep_rows=(keep_t, keep_i))
+    torch.testing.assert_close(pruned.joint, full.joint, rtol=0, atol=1e-6)
+    kt, ki = keep_t & batch.attention_mask.bool(), keep_i & batch.region_mask.bool()
+    torch.testing.assert_close(pruned.text_states[kt], full.text_states[kt], rtol=0, atol=1e-5)
+    torch.testing.assert_close(pruned.image_states[ki], full.image_states[ki], rtol=0, atol=1e-5)

@@ -276,6 +276,37 @@ def test_joint_only_passes_fuse_pooled_positions_only(build_tiny, family, mix):
         assert (a - b).abs().max() <= 1e-5 * b.abs().max().clamp(min=1.0)
 
 
+@pytest.mark.parametrize("family,mix,steps", [
+    ("vilbert", "vilbert", [0]), ("meter", "meter", [0]), ("uniter", "uniter", range(8)),
+    ("vilbert", {"sampling": "sum", "masking": "conditional", "objectives": {"mlm": {}, "mrc_kl": {}}}, [0])])
+def test_last_layers_at_the_read_positions_keep_loss_and_gradients(build_tiny, family, mix, steps):
+    """The mixture asks the model for the positions its objectives read (masked tokens, masked regions,
+    the pooled ones): the last layers compute only those, with the loss and gradients of the full run."""
+    from unittest import mock
+
+    model = build_tiny(family)
+    pre = build_pretraining(model, mix).train()
+    assert pre._keep_rows
+    batch = model.example_batch(batch_size=4, seed=5, text_len=14, num_regions=9)
+    batch = batch.replace(image_ids=[str(i) for i in range(4)])
+    calls, fuse = [], model.fuse
+    model.fuse = lambda *args, **kwargs: calls.append(kwargs) or fuse(*args, **kwargs)
+    for step in steps:
+        results = []
+        for prune in (True, False):
+            pre.zero_grad()
+            torch.manual_seed(5)
+            with mock.patch.object(pre, "_keep_rows", prune):
+                out = pre(batch, step=step)
+            out.loss.backward()
+            results.append((out.loss.detach(), [p.grad.clone() for p in pre.parameters() if p.grad is not None]))
+        torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=1e-6)
+        assert len(results[0][1]) == len(results[1][1])
+        for a, b in zip(results[0][1], results[1][1]):
+            assert (a - b).abs().max() <= 1e-5 * b.abs().max().clamp(min=1.0)
+    assert any("keep_rows" in c for c in calls)  # the pruned path ran
+
+
 def test_stochastic_sees_dropout_only_in_training(build_tiny):
     from vlkit.objectives.mix import stochastic
 

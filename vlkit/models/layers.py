@@ -7,6 +7,7 @@ Attention runs through `torch.nn.functional.scaled_dot_product_attention` with t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Union
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +16,8 @@ from torch import Tensor, nn
 from vlkit.types import Encoded
 
 MASK_VALUE = -10000.0
+# positions a layer computes: the same list in every example, or a [B, R] index tensor per example
+Rows = Union[Sequence[int], Tensor, None]
 
 
 class QuickGELU(nn.Module):
@@ -145,34 +148,83 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(hidden_size, intermediate_size, act)
         self.output = BertOutput(intermediate_size, hidden_size, eps, dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None, rows: list[int] | None = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None, rows: Rows = None) -> Tensor:
         h = self.self_attend(x, mask, rows)
         return self.output(self.intermediate(h), h)
 
-    def self_attend(self, x: Tensor, mask: Tensor | None, rows: list[int] | None) -> Tensor:
+    def self_attend(self, x: Tensor, mask: Tensor | None, rows: Rows = None) -> Tensor:
         """Self-attention block; ``rows``: compute only these positions (queries), still attending to
-        every position of ``x``."""
-        return self.attention(x, mask) if rows is None else self.attention(x[:, rows], mask, context=x)
+        every position of ``x``: a list (the same positions in every example) or a [B, R] index tensor
+        (each example's own positions)."""
+        return self.attention(x, mask) if rows is None else self.attention(select_rows(x, rows), mask, context=x)
 
 
-def run_layers(layers: Sequence[nn.Module], states: Tensor, mask: Tensor, last_rows: list[int] | None = None) -> Tensor:
-    """Run ``layers`` in order; the last one computes only ``last_rows`` when given (see `BertLayer`)."""
+def select_rows(x: Tensor, rows: Rows) -> Tensor:
+    """``x[:, rows]`` for a list of positions, or each example's positions for a [B, R] index tensor."""
+    if rows is None:
+        return x
+    if isinstance(rows, Tensor):
+        return x.gather(1, rows[..., None].expand(-1, -1, x.shape[-1]))
+    return x[:, list(rows)]
+
+
+def keep_index(keep: Tensor) -> Tensor:
+    """[B, L] bool -> [B, R] distinct positions per example, its kept ones first (R = the largest count;
+    an example with fewer fills up with other positions, which are then computed too)."""
+    count = int(keep.sum(1).max())  # one host sync: R is a shape
+    return keep.to(torch.uint8).argsort(dim=1, descending=True, stable=True)[:, :max(count, 1)]
+
+
+def with_pooled(keep: Tensor | None, offset: int = 0) -> Tensor | None:
+    """A [B, L] keep mask (of `VLModel.fuse`'s ``keep_rows``) with ``offset`` leading positions ([IMG], a
+    ViT's [CLS]) prepended and position 0 (what the poolers read) kept; None (every position) stays None."""
+    if keep is None:
+        return None
+    if offset:
+        keep = torch.cat([keep.new_zeros(keep.shape[0], offset), keep], dim=1)
+    return torch.cat([torch.ones_like(keep[:, :1]), keep[:, 1:]], dim=1)
+
+
+def scatter_rows(out: Tensor, index: Tensor, length: int) -> Tensor:
+    """[B, R, H] states of the positions ``index`` [B, R] -> [B, length, H], zeros elsewhere."""
+    return out.new_zeros(out.shape[0], length, out.shape[-1]).scatter(1, index[..., None].expand_as(out), out)
+
+
+def run_layers(layers: Sequence[nn.Module], states: Tensor, mask: Tensor, last_rows: Rows = None,
+               keep: Tensor | None = None) -> Tensor:
+    """Run ``layers`` in order; the last one computes only ``last_rows`` when given (see `BertLayer`).
+
+    ``keep`` [B, L] bool instead: the last layer computes each example's kept positions (and perhaps a few
+    more, see `keep_index`) and the states come back at full length with zeros where nothing was computed."""
+    if keep is not None:
+        if not len(layers):
+            return states
+        index = keep_index(keep)
+        if index.shape[1] == states.shape[1]:
+            return run_layers(layers, states, mask)
+        return scatter_rows(run_layers(layers, states, mask, index), index, states.shape[1])
     for i, layer in enumerate(layers):
         states = layer(states, mask, rows=last_rows if i == len(layers) - 1 else None)
     return states
 
 
 def run_single_stream(layers: Sequence[nn.Module], text: Encoded, image: Encoded,
-                      pooled_rows: tuple[Sequence[int], Sequence[int]] | None = None,
-                      pack: bool = False) -> tuple[Tensor, Tensor]:
+                      pooled_rows: tuple[Sequence[int], Sequence[int]] | None = None, pack: bool = False,
+                      keep: tuple[Tensor | None, Tensor | None] | None = None) -> tuple[Tensor, Tensor]:
     """One transformer over the concatenated ``[text; image]`` -> (text states, image states).
 
     ``pooled_rows`` = (text rows, image rows), each indexed within its own stream: the last layer
-    computes only those, and the returned states hold only them. ``pack=True`` lays each example's image
-    right after its own text and pads only to the longest pair (UNITER's ``gather_index``) instead of
-    ``[text padded | image padded]``: the same outputs at every real position, fewer positions when the
-    lengths vary (pad positions come back as zeros); it needs the pooled rows, if any, in the text."""
+    computes only those, and the returned states hold only them. ``keep`` = (text [B, T], image [B, K]
+    bool, None = every position): the last layer computes the kept positions of each example, the others
+    come back as zeros (`run_layers`). ``pack=True`` lays each example's image right after its own text
+    and pads only to the longest pair (UNITER's ``gather_index``) instead of ``[text padded | image
+    padded]``: the same outputs at every real position, fewer positions when the lengths vary (pad
+    positions come back as zeros); it needs the pooled rows, if any, in the text."""
     t = text.states.shape[1]
+    keep_all = None
+    if keep is not None and pooled_rows is None:
+        keep_all = torch.cat([k if k is not None else torch.ones_like(m, dtype=torch.bool)
+                              for k, m in zip(keep, (text.mask, image.mask))], dim=1)
     if pack and (pooled_rows is None or not len(pooled_rows[1])):
         packed = _packing(text.mask, image.mask)
         if packed is not None:
@@ -180,7 +232,8 @@ def run_single_stream(layers: Sequence[nn.Module], text: Encoded, image: Encoded
             states = torch.cat([text.states, image.states], dim=1)
             states = states.gather(1, index[..., None].expand(-1, -1, states.shape[-1]))
             rows = None if pooled_rows is None else list(pooled_rows[0])
-            states = run_layers(layers, states, additive_mask(mask, states.dtype), rows)
+            keep_packed = None if keep_all is None else keep_all.gather(1, index) & mask.bool()
+            states = run_layers(layers, states, additive_mask(mask, states.dtype), rows, keep_packed)
             if rows is not None:
                 return states, states[:, :0]
             unpack = [states.gather(1, i[..., None].expand(-1, -1, states.shape[-1])).masked_fill(m[..., None] == 0, 0)
@@ -189,7 +242,7 @@ def run_single_stream(layers: Sequence[nn.Module], text: Encoded, image: Encoded
     states = torch.cat([text.states, image.states], dim=1)
     mask = additive_mask(torch.cat([text.mask, image.mask], dim=1), states.dtype)
     if pooled_rows is None:
-        states = run_layers(layers, states, mask)
+        states = run_layers(layers, states, mask, keep=keep_all)
         return states[:, :t], states[:, t:]
     text_rows, image_rows = pooled_rows
     states = run_layers(layers, states, mask, [*text_rows, *(t + r for r in image_rows)])
@@ -279,7 +332,7 @@ class BertCrossLayer(BertLayer):
         self.crossattention = BertAttention(hidden_size, num_heads, eps, dropout, attention_dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None, other: Tensor = None, other_mask: Tensor | None = None,
-                rows: list[int] | None = None) -> Tensor:
+                rows: Rows = None) -> Tensor:
         h = self.crossattention(self.self_attend(x, mask, rows), other_mask, context=other)
         return self.output(self.intermediate(h), h)
 

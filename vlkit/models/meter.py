@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from vlkit.models.base import ModelConfig, VLModel
 from vlkit.models.encoders import TEXT_ENCODERS, vision_has_cls, vision_tokens
 from vlkit.models.heads import JointClassifier, PairClassifier, RankHead, init_linear
 from vlkit.models.layers import (BertCrossLayer, BertLayer, Pooler, additive_mask, extend_embedding, init_bert_weights,
-                                 run_single_stream)
+                                 keep_index, run_single_stream, scatter_rows, with_pooled)
 from vlkit.registry import ENCODERS, register_head, register_model
 from vlkit.types import Encoded, VLBatch, VLOutput
 
@@ -186,21 +186,31 @@ class Meter(VLModel):
         states = states + self.token_type_embeddings.weight[image_type_id]
         return Encoded(states, torch.ones(states.shape[:2], dtype=torch.long, device=states.device))
 
-    def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False) -> VLOutput:
+    def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False,
+             keep_rows: tuple[Tensor | None, Tensor | None] | None = None) -> VLOutput:
         x, y = text.states, image.states
+        length_x, length_y = x.shape[1], y.shape[1]
         x_mask, y_mask = additive_mask(text.mask, x.dtype), additive_mask(image.mask, y.dtype)
         # the poolers read [CLS] of each stream; a Swin's pooler averages every image token
         x_rows = [0] if pooled_only else None
         y_rows = [0] if pooled_only and self.image_offset else None
+        keep = None
+        if keep_rows is not None and not pooled_only:
+            image_keep = with_pooled(keep_rows[1], self.image_offset) if self.image_offset else None  # Swin: all
+            keep = (with_pooled(keep_rows[0]), image_keep)
+            x_rows, y_rows = (None if k is None else keep_index(k) for k in keep)
         if self.config.fusion == "co_attention":
             last = len(self.cross_modal_text_layers) - 1
             for i, (text_layer, image_layer) in enumerate(zip(self.cross_modal_text_layers,
                                                               self.cross_modal_image_layers)):
                 rx, ry = (x_rows, y_rows) if i == last else (None, None)
                 x, y = text_layer(x, x_mask, y, y_mask, rx), image_layer(y, y_mask, x, x_mask, ry)  # simultaneous
+            if keep is not None:  # the kept rows back at their positions
+                x = x if x_rows is None else scatter_rows(x, x_rows, length_x)
+                y = y if y_rows is None else scatter_rows(y, y_rows, length_y)
         else:
             x, y = run_single_stream(self.cross_modal_layers, text, image,
-                                     (x_rows, y_rows or range(y.shape[1])) if pooled_only else None)
+                                     (x_rows, y_rows or range(y.shape[1])) if pooled_only else None, keep=keep)
         text_pooled = self.cross_modal_text_pooler(x)
         image_pooled = self.cross_modal_image_pooler(y if self.image_offset else y.mean(1, keepdim=True))
         return VLOutput(text_states=x, text_mask=text.mask[:, :x.shape[1]], image_states=y,

@@ -17,7 +17,8 @@ from torch import Tensor, nn
 from vlkit.models.base import BertStreamConfig, VLModel
 from vlkit.models.embeddings import BertTextEmbeddings, UniterRegionEmbeddings
 from vlkit.models.heads import Head, JointClassifier, RankHead, RegionScorer
-from vlkit.models.layers import MASK_VALUE, Pooler, bert_layers, extend_embedding, init_bert_weights, run_single_stream
+from vlkit.models.layers import (MASK_VALUE, Pooler, bert_layers, extend_embedding, init_bert_weights,
+                                 run_single_stream, with_pooled)
 from vlkit.registry import register_head, register_model
 from vlkit.types import Encoded, VLBatch, VLOutput
 
@@ -91,8 +92,11 @@ class Uniter(VLModel):
         states = self.img_embeddings(batch.region_feats, batch.region_boxes, type_emb, batch.region_masked)
         return Encoded(states, batch.region_mask)
 
-    def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False) -> VLOutput:
-        txt, img = run_single_stream(self.encoder.layer, text, image, ([0], []) if pooled_only else None, pack=True)
+    def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False,
+             keep_rows: tuple[Tensor | None, Tensor | None] | None = None) -> VLOutput:
+        keep = None if keep_rows is None else (with_pooled(keep_rows[0]), keep_rows[1])
+        txt, img = run_single_stream(self.encoder.layer, text, image, ([0], []) if pooled_only else None, pack=True,
+                                     keep=keep)
         pooled = self.pooler(txt)
         return VLOutput(text_states=txt, text_mask=text.mask[:, :txt.shape[1]], image_states=img,
                         image_mask=image.mask[:, :img.shape[1]], text_pooled=pooled, image_pooled=pooled, joint=pooled)

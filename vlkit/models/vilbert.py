@@ -17,7 +17,7 @@ from vlkit.models.embeddings import BertTextEmbeddings, ViLBERTRegionEmbeddings
 from vlkit.models.heads import JointClassifier, PairClassifier, RankHead, RegionScorer
 from vlkit.models.layers import (BertIntermediate, BertLayer, BertOutput, BiAttention, BiOutput, Pooler,
                                  additive_mask, bert_layers, init_bert_weights, run_layers,
-                                 run_single_stream)
+                                 run_single_stream, with_pooled)
 from vlkit.registry import register_head, register_model
 from vlkit.types import Encoded, VLBatch, VLOutput
 
@@ -123,6 +123,7 @@ class ViLBERT(VLModel):
     family = "vilbert"
     config_class = ViLBERTConfig
     image_input = "regions"
+    image_offset = 1  # the [IMG] token
     # train_concap.py (pretrained_model.bin): MLM + MRC-kl + ITM summed, joint masking
     default_mix = "vilbert"
     objective_defaults = {
@@ -203,12 +204,20 @@ class ViLBERT(VLModel):
         states = run_layers(self.encoder.v_layer[:first_co], states, additive_mask(mask, states.dtype))
         return Encoded(states, mask, {"co_proj": self.encoder.c_layer[0].biattention.project_vision(states)})
 
-    def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False) -> VLOutput:
+    def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False,
+             keep_rows: tuple[Tensor | None, Tensor | None] | None = None) -> VLOutput:
         c = self.config
         txt, vis = text.states, image.states
         first = [0] if pooled_only else None  # the poolers read position 0 ([CLS], [IMG])
+        t_keep = v_keep = None
+        if keep_rows is not None and not pooled_only:
+            t_keep, v_keep = keep_rows
+            if t_keep is not None and c.task_specific_tokens:  # the inserted task token is never read
+                t_keep = torch.cat([t_keep[:, :1], torch.zeros_like(t_keep[:, :1]), t_keep[:, 1:]], dim=1)
+            t_keep, v_keep = with_pooled(t_keep), with_pooled(v_keep, offset=1)
         if c.single_stream:
-            txt, vis = run_single_stream(self.encoder.layer, text, image, (first, first) if pooled_only else None)
+            txt, vis = run_single_stream(self.encoder.layer, text, image, (first, first) if pooled_only else None,
+                                         keep=None if keep_rows is None else (t_keep, v_keep))
             text_pooled, image_pooled = self.pooler(txt), self.pooler(vis)
             joint = text_pooled
         else:
@@ -220,8 +229,8 @@ class ViLBERT(VLModel):
                 cached = (image.extra.get("co_proj"), text.extra.get("co_proj")) if count == 0 else (None, None)
                 vis, txt = self.encoder.c_layer[count](vis, v_mask, txt, t_mask, *cached)
                 t_start, v_start = t_end, v_end
-            vis = run_layers(self.encoder.v_layer[v_start:], vis, v_mask, first)
-            txt = run_layers(self.encoder.layer[t_start:], txt, t_mask, first)
+            vis = run_layers(self.encoder.v_layer[v_start:], vis, v_mask, first, keep=v_keep)
+            txt = run_layers(self.encoder.layer[t_start:], txt, t_mask, first, keep=t_keep)
             text_pooled, image_pooled = self.t_pooler(txt), self.v_pooler(vis)
             joint = text_pooled * image_pooled if c.fusion_method == "mul" else text_pooled + image_pooled
         text_mask, image_mask = text.mask[:, :txt.shape[1]], image.mask[:, :vis.shape[1]]

@@ -108,6 +108,12 @@ class Objective(nn.Module, metaclass=abc.ABCMeta):
         overridden by ``given``."""
         return {**model.objective_defaults.get(cls.name, {}), **given}
 
+    def rows(self, ctx: PassContext) -> tuple[Tensor | None, Tensor | None] | None:
+        """The token / region (patch) positions whose fused states this objective reads, as ``(text [B, T],
+        image [B, K])`` bool masks (None: that side is not read), or None when it reads every state (the
+        default). The mixture lets the model compute the last layers at those positions only."""
+        return (None, None) if self.joint_only else None
+
     @abc.abstractmethod
     def forward(self, out: VLOutput, batch: VLBatch, ctx: PassContext) -> LossOutput:
         """Score one forward pass of the (corrupted) ``batch``."""

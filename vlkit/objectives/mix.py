@@ -128,6 +128,7 @@ class Pretraining(nn.Module):
         if self.mask_only_matched and not any(o.view == "pairs" for o in self.objectives.values()):
             raise ValueError("objective mix: mask_only_matched needs an objective that mixes in pairs (itm)")
         self.mask_views = {o.view for o in self.objectives.values()} & set(MASK_VIEWS)
+        self._keep_rows = "keep_rows" in inspect.signature(model.fuse).parameters  # the family prunes rows
 
     def _add(self, name: str, options: dict[str, Any]) -> None:
         if name in self.objectives:
@@ -198,6 +199,26 @@ class Pretraining(nn.Module):
             ctx.image_from = None
         return batch, ctx
 
+    def _fuse_options(self, wanted: list, batch: VLBatch, image: Encoded) -> dict[str, Any]:
+        """``fuse`` keywords from what a pass's objectives read (`Objective.rows`): every state (nothing
+        to prune), only the joint vector (``pooled_only``), or some positions (``keep_rows``)."""
+        if any(w is None for w in wanted):
+            return {}
+        if all(t is None and i is None for t, i in wanted):
+            return {"pooled_only": True}
+        if not self._keep_rows:
+            return {}
+        shapes = (tuple(batch.input_ids.shape), (batch.batch_size, image.states.shape[1] - self.model.image_offset))
+
+        def union(masks: list, shape: tuple[int, int]) -> Tensor:
+            out = torch.zeros(shape, dtype=torch.bool, device=image.states.device)
+            for m in masks:
+                if m is not None:
+                    out = out | m.to(out.device)
+            return out
+
+        return {"keep_rows": tuple(union([w[side] for w in wanted], shapes[side]) for side in (0, 1))}
+
     def _mask_text(self, batch: VLBatch, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         t = self.tokens
         options = dict(self.text_masking)
@@ -225,9 +246,9 @@ class Pretraining(nn.Module):
                 out = (clean.text(rows, batch), clean.image(rows, batch))
             else:
                 corrupted, ctx = self.corrupt(batch, views, generator)
-                pooled_only = all(self.objectives[name].joint_only for name, _ in scored)
-                out = self.model.fuse(clean.text(ctx.text_from, corrupted), clean.image(ctx.image_from, corrupted),
-                                      pooled_only)
+                text, image = clean.text(ctx.text_from, corrupted), clean.image(ctx.image_from, corrupted)
+                wanted = [self.objectives[name].rows(ctx) for name, _ in scored]
+                out = self.model.fuse(text, image, **self._fuse_options(wanted, corrupted, image))
             for name, weight in scored:
                 result = self.objectives[name](out, corrupted, ctx)
                 total = weight * result.loss if total is None else total + weight * result.loss
