@@ -89,23 +89,24 @@ def time_steps(step, steps: int) -> dict:
     parts = []
     for _ in range(steps):
         parts.append(step())
-    totals = [sum(p) for p in parts]
-    return {"step_s": statistics.median(totals), "steps_s": totals,
+    totals = [sum(p[:3]) for p in parts]
+    return {"step_s": statistics.median(totals), "steps_s": totals, "min_step_s": min(totals),
+            "cpu_s": statistics.median(p[3] for p in parts),
             "forward_s": statistics.median(p[0] for p in parts), "backward_s": statistics.median(p[1] for p in parts),
             "optimizer_s": statistics.median(p[2] for p in parts), "peak_mb": peak_mb(), "base_mb": base,
             "step_mb": peak_mb() - base, "threads": torch.get_num_threads()}
 
 
 def timed_step(loss_fn, model, optimizer):
-    """A training step returning its (forward, backward, optimizer) seconds."""
-    t0 = time.perf_counter()
+    """A training step returning its (forward, backward, optimizer) wall seconds and its process CPU seconds."""
+    c0, t0 = time.process_time(), time.perf_counter()
     loss = loss_fn()
     t1 = time.perf_counter()
     loss.backward()
     t2 = time.perf_counter()
     optimizer.step()
     model.zero_grad(set_to_none=True)
-    return t1 - t0, t2 - t1, time.perf_counter() - t2
+    return t1 - t0, t2 - t1, time.perf_counter() - t2, time.process_time() - c0
 
 
 # ================================================================================ official side
@@ -570,8 +571,21 @@ def vlkit_child(args) -> dict:
         torch.save({"loss": loss.item(), "params": {k: _from_vlkit(k, params[k]) for k in moved},
                     "init": {k: _from_vlkit(k, init[k]) for k in moved}}, work / "vlkit_parity.pt")
         return {"vlkit_loss": loss.item(), "params_moved": len(moved)}
+    bf16 = options.get("autocast") == "bf16"  # bf16 autocast (the OT and the losses stay fp32)
+    extra = {}
+    if bf16:  # how far bf16 moves the loss from fp32 (dropout off)
+        side.pre.eval()
+        with torch.no_grad():
+            fp32 = side.pre(batch, step=0).loss.item()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                extra = {"bf16_loss_diff": abs(side.pre(batch, step=0).loss.item() - fp32), "fp32_loss": fp32}
     side.pre.train()
-    return time_steps(lambda: timed_step(lambda: side.pre(batch, step=0).loss, side.pre, optimizer), args.steps)
+
+    def loss():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            return side.pre(batch, step=0).loss
+
+    return {**time_steps(lambda: timed_step(loss, side.pre, optimizer), args.steps), **extra}
 
 
 def _from_vlkit(key: str, value):
@@ -635,7 +649,8 @@ def run_case(args, case: str, variants: dict[str, str]) -> dict:
                 python = args.official_python if side == "official" else sys.executable
                 res = run_child(python, args, side, case, "time", work, repo, options or "")
                 runs[name].append(res)
-                print(f"  round {r + 1} {name:>12}: {res['step_s']:.3f} s/step (fwd {res['forward_s']:.3f}, "
+                print(f"  round {r + 1} {name:>12}: {res['step_s']:.3f} s/step, cpu {res['cpu_s']:.3f} s "
+                      f"(fwd {res['forward_s']:.3f}, "
                       f"bwd {res['backward_s']:.3f}, opt {res['optimizer_s']:.3f}), peak {res['peak_mb']:.0f} MB",
                       flush=True)
     row["runs"] = runs
@@ -643,12 +658,16 @@ def run_case(args, case: str, variants: dict[str, str]) -> dict:
     row["variants"] = {}
     for name in variants:
         ratios = [o["step_s"] / v["step_s"] for o, v in zip(runs["official"], runs[name])]
+        cpu_ratios = [o["cpu_s"] / v["cpu_s"] for o, v in zip(runs["official"], runs[name])]
         row["variants"][name] = {
-            "options": json.loads(variants[name] or "{}"), "vlkit_s": statistics.median(x["step_s"] for x in runs[name]),
-            "ratio": statistics.median(ratios), "ratios": ratios,
+            "options": json.loads(variants[name] or "{}"),
+            "vlkit_s": statistics.median(x["step_s"] for x in runs[name]),
+            "ratio": statistics.median(ratios), "ratios": ratios, "cpu_ratio": statistics.median(cpu_ratios),
+            "min_ratio": min(o["min_step_s"] for o in runs["official"]) / min(v["min_step_s"] for v in runs[name]),
             "peak_mb": statistics.median(x["peak_mb"] for x in runs[name]),
             "step_mb": statistics.median(x["step_mb"] for x in runs[name]),
-            "optimizer_s": statistics.median(x["optimizer_s"] for x in runs[name])}
+            "optimizer_s": statistics.median(x["optimizer_s"] for x in runs[name]),
+            **({"bf16_loss_diff": runs[name][0]["bf16_loss_diff"]} if "bf16_loss_diff" in runs[name][0] else {})}
     row["official_peak_mb"] = statistics.median(x["peak_mb"] for x in runs["official"])
     row["official_step_mb"] = statistics.median(x["step_mb"] for x in runs["official"])
     row["official_optimizer_s"] = statistics.median(x["optimizer_s"] for x in runs["official"])
@@ -695,13 +714,14 @@ def main() -> None:
         report["cases"].append(run_case(args, case, variants))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1))
-    print(f"\n{'case':<12} {'variant':<14} {'official s':>10} {'vlkit s':>8} {'ratio':>6} {'peak MB o/v':>13} "
-          f"{'step MB o/v':>13} {'parity':>9}")
+    print(f"\n{'case':<12} {'variant':<12} {'official s':>10} {'vlkit s':>8} {'ratio':>6} {'min':>6} {'cpu':>6} "
+          f"{'peak MB o/v':>13} {'step MB o/v':>13} {'parity':>9}")
     for row in report["cases"]:
         for name, v in row["variants"].items():
-            print(f"{row['case']:<12} {name:<14} {row['official_s']:>10.3f} {v['vlkit_s']:>8.3f} {v['ratio']:>5.2f}x "
-                  f"{row['official_peak_mb']:>6.0f}/{v['peak_mb']:<6.0f} {row['official_step_mb']:>6.0f}/"
-                  f"{v['step_mb']:<6.0f} {row['parity']['max_param_diff']:>9.1e}")
+            print(f"{row['case']:<12} {name:<12} {row['official_s']:>10.3f} {v['vlkit_s']:>8.3f} {v['ratio']:>5.2f}x "
+                  f"{v['min_ratio']:>5.2f}x {v['cpu_ratio']:>5.2f}x {row['official_peak_mb']:>6.0f}/"
+                  f"{v['peak_mb']:<6.0f} {row['official_step_mb']:>6.0f}/{v['step_mb']:<6.0f} "
+                  f"{row['parity']['max_param_diff']:>9.1e}")
     print(f"\nwrote {args.out}")
 
 
