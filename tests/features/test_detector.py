@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from vlkit.features.detector import (
     BottomUpDetector, Stem, average_precision, butd_select, cell_anchors, decode_boxes, encode_boxes, legacy_nms,
@@ -149,6 +150,24 @@ def test_batched_extraction_equals_one_by_one(tiny_detector, rgb_images):
         single = tiny_detector.extract([img])[0]
         np.testing.assert_allclose(single["features"], o["features"], rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(single["boxes"], o["boxes"], atol=1e-3)
+
+
+@pytest.mark.parametrize("dilation", [2, 1])
+def test_fast_inference_keeps_the_features(tiny_detector, rgb_images, monkeypatch, tiny_config, randomize, dilation):
+    """Batch norm folded into the convolutions and channels-last (NHWC) activations against the plain NCHW
+    conv + norm network: the same boxes, features and class distributions."""
+    from vlkit.features.detector.network import ConvNorm
+
+    model = tiny_detector if dilation == 2 else randomize(BottomUpDetector(tiny_config(res5_dilation=1))).eval()
+    fast = model.extract(rgb_images)
+    monkeypatch.setattr(ConvNorm, "forward", lambda self, x: self.norm(nn.Conv2d.forward(self, x)))
+    monkeypatch.setattr(BottomUpDetector, "channels_last", False)
+    plain = model.extract(rgb_images)
+    for f, p in zip(fast, plain):
+        np.testing.assert_allclose(f["boxes"], p["boxes"], rtol=0, atol=1e-3)  # the same boxes, in order
+        for key in ("features", "cls_prob", "attr_prob", "conf"):
+            scale = max(float(np.abs(p[key]).max()), 1.0)
+            np.testing.assert_allclose(f[key], p[key], rtol=0, atol=1e-5 * scale, err_msg=key)
 
 
 def test_training_losses_decrease(tiny_config):

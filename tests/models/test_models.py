@@ -230,3 +230,87 @@ def test_list_models_with_presets():
     listed = vlkit.list_models(presets=True)
     assert {"uniter/base", "uniter/tiny", "vilbert/large", "meter/clip16-roberta"} <= set(listed)
     assert listed == [f"{f}/{p}" for f in vlkit.list_models() for p in vlkit.MODELS.get(f).config_class.presets]
+
+
+DROPOUT = {"vilbert": dict(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, v_hidden_dropout_prob=0.1,
+                           v_attention_probs_dropout_prob=0.1),
+           "uniter": dict(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1),
+           "meter": dict(drop_rate=0.1)}
+
+
+def _loss_and_grads(model, batch):
+    torch.manual_seed(7)  # the same dropout draws
+    model.zero_grad()
+    out = model(batch)
+    loss = out.joint.square().sum() + out.text_states.mean() + out.image_states.mean()
+    loss.backward()
+    return out.joint.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_activation_checkpointing_keeps_outputs_and_gradients(family, build_tiny):
+    """Dropout on: the recomputed blocks draw the same masks, so the step is bitwise the plain one."""
+    model = build_tiny(family, **DROPOUT[family]).train()
+    batch = model.example_batch(batch_size=3)
+    plain = _loss_and_grads(model, batch)
+    assert model.set_activation_checkpointing() >= 4
+    checkpointed = _loss_and_grads(model, batch)
+    assert torch.equal(plain[0], checkpointed[0]) and plain[1].keys() == checkpointed[1].keys()
+    assert all(torch.equal(plain[1][n], checkpointed[1][n]) for n in plain[1])
+    model.set_activation_checkpointing(False)
+    assert not any("forward" in vars(b) for b in vlkit.models.layers.transformer_blocks(model))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compiled_blocks_keep_outputs(family, build_tiny):
+    """Regional compilation (the eager backend here, to keep the test fast): same outputs and gradients."""
+    model = build_tiny(family).train()
+    batch = model.example_batch(batch_size=3)
+    plain = _loss_and_grads(model, batch)
+    assert model.compile_blocks(backend="eager") >= 4
+    compiled = _loss_and_grads(model, batch)
+    torch.testing.assert_close(compiled[0], plain[0], rtol=0, atol=1e-6)
+    for name, grad in plain[1].items():
+        torch.testing.assert_close(compiled[1][name], grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fused_projections_keep_outputs_and_gradients(family, build_tiny, monkeypatch):
+    """Q/K/V (and ViLBERT's co-attention projections) as one GEMM over the concatenated weights: the
+    outputs and gradients of one GEMM each, and the state-dict keys unchanged."""
+    from vlkit.models import layers
+
+    model = build_tiny(family).train()
+    batch = model.example_batch(batch_size=3)
+    keys = list(model.state_dict())
+    fused = _loss_and_grads(model, batch)
+    monkeypatch.setattr(layers, "FUSE_PROJECTIONS", False)
+    separate = _loss_and_grads(model, batch)
+    torch.testing.assert_close(fused[0], separate[0], rtol=0, atol=1e-6)
+    for name, grad in separate[1].items():
+        assert (fused[1][name] - grad).abs().max() <= 1e-5 * grad.abs().max().clamp(min=1.0), name
+    assert list(model.state_dict()) == keys
+
+
+@pytest.mark.parametrize("family,overrides", [("vilbert", {}), ("vilbert", {"single_stream": True}), ("uniter", {}),
+                                              ("meter", {}), ("meter", {"fusion": "merged"})])
+def test_keep_rows_computes_the_kept_positions_exactly(family, overrides, build_tiny):
+    """``fuse(keep_rows=...)``: the states of the kept token / region positions and the joint vector equal
+    the full fusion's; the last layers skip the rest (returned as zeros, or computed as filler)."""
+    model = build_tiny(family, **overrides)
+    batch = model.example_batch(batch_size=3, text_len=10, num_regions=8, seed=2)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        text, image = model.encode_text(batch), model.encode_image(batch)
+        full = model.fuse(text, image)
+        off = model.image_offset
+        keep_t = torch.rand(text.mask.shape, generator=g) < 0.3
+        keep_i = torch.rand((3, image.states.shape[1] - off), generator=g) < 0.3
+        pruned = model.fuse(text, image, keep_rows=(keep_t, keep_i))
+    torch.testing.assert_close(pruned.joint, full.joint, rtol=0, atol=1e-6)
+    real_t = keep_t & text.mask.bool()
+    torch.testing.assert_close(pruned.text_states[real_t], full.text_states[real_t], rtol=0, atol=1e-5)
+    real_i = keep_i & image.mask[:, off:].bool()
+    torch.testing.assert_close(pruned.image_states[:, off:][real_i], full.image_states[:, off:][real_i], rtol=0,
+                               atol=1e-5)
+    assert pruned.text_states.shape == full.text_states.shape and pruned.image_states.shape == full.image_states.shape

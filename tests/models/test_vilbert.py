@@ -78,3 +78,19 @@ def test_single_stream_baseline(build_tiny):
     torch.testing.assert_close(out.joint, out.text_pooled)
     out.joint.sum().backward()
     assert model.v_embeddings.image_embeddings.weight.grad.abs().sum() > 0
+
+
+def test_first_coattention_projections_are_cached_exactly(build_tiny):
+    """encode_text / encode_image carry the first co-attention's projections of their stream: fusing with
+    them equals fusing without them (recomputed), so retrieval scores each caption's / image's once."""
+    from vlkit.types import Encoded
+
+    model = build_tiny("vilbert")
+    batch = model.example_batch(batch_size=3)
+    with torch.no_grad():
+        text, image = model.encode_text(batch), model.encode_image(batch)
+        assert text.extra["co_proj"].shape[-1] == 3 * model.config.bi_hidden_size
+        cached = model.fuse(text, image)
+        plain = model.fuse(Encoded(text.states, text.mask), Encoded(image.states, image.mask))
+    torch.testing.assert_close(cached.joint, plain.joint, rtol=0, atol=1e-6)
+    torch.testing.assert_close(cached.text_states, plain.text_states, rtol=0, atol=1e-6)

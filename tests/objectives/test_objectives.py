@@ -1,6 +1,7 @@
 """Issue 3: every objective on every compatible family, the mixture's sampling and masking policies,
 YAML presets, and a tiny model overfitting 16 pairs with each family's own recipe."""
 import collections
+import contextlib
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from scipy.stats import chisquare
 
 import vlkit
 from vlkit.objectives import IncompatibleObjective, build_objective, build_pretraining, load_mix
+from vlkit.models.meter import MeterConfig
 from vlkit.objectives.mix import PRESET_DIR, Pretraining
 
 COMPATIBLE = {
@@ -223,6 +225,86 @@ def test_shared_encodings_give_the_same_loss_and_gradients(build_tiny, family):
         results.append((out.loss.detach(), [p.grad.clone() for p in pre.parameters() if p.grad is not None]))
     assert torch.allclose(results[0][0], results[1][0], atol=1e-6)
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(results[0][1], results[1][1]))
+
+
+def test_meter_shares_its_deterministic_image_tower_when_the_text_tower_has_dropout(build_tiny):
+    """CLIP has no dropout: its encoding is shared by the MLM and ITM passes while the text (dropout 0.1) is
+    encoded per pass; loss and gradients equal encoding everything per pass (same dropout draws)."""
+    from unittest import mock
+
+    text_config = {**MeterConfig.presets["tiny"]["text_config"], "hidden_dropout_prob": 0.1}
+    model = build_tiny("meter", text_config=text_config, drop_rate=0.1)
+    pre = build_pretraining(model, "meter").train()
+    batch = model.example_batch(batch_size=4, seed=2).replace(image_ids=[str(i) for i in range(4)])
+    results = []
+    for shared in (True, False):
+        pre.zero_grad()
+        images = _count_calls(model, "encode_image")
+        torch.manual_seed(3)
+        with mock.patch.object(type(model), "encoding_modules", lambda self, side: (self,)) if not shared else \
+                contextlib.nullcontext():
+            out = pre(batch, step=0)
+        out.loss.backward()
+        assert len(images) == (1 if shared else 2)
+        results.append((out.loss.detach(), [p.grad.clone() for p in pre.parameters() if p.grad is not None]))
+    assert torch.allclose(results[0][0], results[1][0], atol=1e-6)
+    assert len(results[0][1]) == len(results[1][1])
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(results[0][1], results[1][1]))
+
+
+@pytest.mark.parametrize("family,mix", [("meter", "meter"), ("uniter", "uniter_itm"), ("vilbert", "vilbert")])
+def test_joint_only_passes_fuse_pooled_positions_only(build_tiny, family, mix):
+    """An ITM-only pass runs the last fusion layers at the pooled positions: the same loss and gradients."""
+    from unittest import mock
+
+    from vlkit.objectives.itm import ImageTextMatching
+
+    model = build_tiny(family)
+    pre = build_pretraining(model, mix).train()
+    batch = model.example_batch(batch_size=4, seed=3).replace(image_ids=[str(i) for i in range(4)])
+    results = []
+    for joint_only in (True, False):
+        pre.zero_grad()
+        torch.manual_seed(5)  # ViLBERT's ITM head has dropout
+        with mock.patch.object(ImageTextMatching, "joint_only", joint_only):
+            out = pre(batch, step=0)
+        out.loss.backward()
+        results.append((out.loss.detach(), [p.grad.clone() for p in pre.parameters() if p.grad is not None]))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=1e-6)
+    assert len(results[0][1]) == len(results[1][1])
+    for a, b in zip(results[0][1], results[1][1]):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max().clamp(min=1.0)
+
+
+@pytest.mark.parametrize("family,mix,steps", [
+    ("vilbert", "vilbert", [0]), ("meter", "meter", [0]), ("uniter", "uniter", range(8)),
+    ("vilbert", {"sampling": "sum", "masking": "conditional", "objectives": {"mlm": {}, "mrc_kl": {}}}, [0])])
+def test_last_layers_at_the_read_positions_keep_loss_and_gradients(build_tiny, family, mix, steps):
+    """The mixture asks the model for the positions its objectives read (masked tokens, masked regions,
+    the pooled ones): the last layers compute only those, with the loss and gradients of the full run."""
+    from unittest import mock
+
+    model = build_tiny(family)
+    pre = build_pretraining(model, mix).train()
+    assert pre._keep_rows
+    batch = model.example_batch(batch_size=4, seed=5, text_len=14, num_regions=9)
+    batch = batch.replace(image_ids=[str(i) for i in range(4)])
+    calls, fuse = [], model.fuse
+    model.fuse = lambda *args, **kwargs: calls.append(kwargs) or fuse(*args, **kwargs)
+    for step in steps:
+        results = []
+        for prune in (True, False):
+            pre.zero_grad()
+            torch.manual_seed(5)
+            with mock.patch.object(pre, "_keep_rows", prune):
+                out = pre(batch, step=step)
+            out.loss.backward()
+            results.append((out.loss.detach(), [p.grad.clone() for p in pre.parameters() if p.grad is not None]))
+        torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=1e-6)
+        assert len(results[0][1]) == len(results[1][1])
+        for a, b in zip(results[0][1], results[1][1]):
+            assert (a - b).abs().max() <= 1e-5 * b.abs().max().clamp(min=1.0)
+    assert any("keep_rows" in c for c in calls)  # the pruned path ran
 
 
 def test_stochastic_sees_dropout_only_in_training(build_tiny):

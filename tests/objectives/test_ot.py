@@ -165,3 +165,20 @@ def test_bad_arguments_are_rejected():
         ipot(cost, torch.ones(2, 4), torch.ones(2, 4))
     with pytest.raises(ValueError, match="iterations"):
         ipot(cost, torch.ones(2, 3), torch.ones(2, 4), iterations=0)
+
+
+def test_problems_padded_to_the_graph_buckets_keep_their_plan():
+    """On CUDA, IPOT runs padded to multiples of 8 (fewer CUDA-graph shapes): the padded problem's plan,
+    cut back, is the plan of the problem itself."""
+    from vlkit.objectives.ot import _eager_plan, _masks, pad_problem
+
+    g = torch.Generator().manual_seed(3)
+    cost = cosine_cost(torch.randn(5, 11, 16, generator=g), torch.randn(5, 13, 16, generator=g))
+    x_mask = torch.arange(11) < torch.tensor([11, 4, 9, 1, 7])[:, None]
+    y_mask = torch.arange(13) < torch.tensor([13, 13, 2, 6, 10])[:, None]
+    masks = _masks(cost, x_mask, y_mask)
+    padded = pad_problem(cost, *masks)
+    assert padded[0].shape == (8, 16, 16) and padded[3].shape == (8, 16, 16)
+    plan = _eager_plan(cost, *masks, 0.5, 50, 1)
+    torch.testing.assert_close(_eager_plan(*padded, 0.5, 50, 1)[:5, :11, :13], plan, rtol=1e-5, atol=1e-7)
+    assert pad_problem(padded[0], *padded[1:])[0] is padded[0]  # already a multiple: unchanged

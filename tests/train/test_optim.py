@@ -157,3 +157,95 @@ def test_scheduler_state_round_trip():
     assert _lrs(sched2, opt2, 5) == _lrs(sched, opt, 5)
     assert isinstance(opt.param_groups[0]["lr"], float)
     assert torch.optim.AdamW is type(opt)
+
+
+# -- AdamW update rules ----------------------------------------------------------------------------
+def _official_adamw_step(params, state, lr, betas, eps, wd, correct_bias=True):
+    """The official update (HF ``transformers.AdamW`` 4.6 / UNITER ``optim/adamw.py``), written out per parameter."""
+    import math
+
+    b1, b2 = betas
+    for p in params:
+        if p.grad is None:
+            continue
+        s = state.setdefault(p, {"step": 0, "m": torch.zeros_like(p), "v": torch.zeros_like(p)})
+        s["step"] += 1
+        s["m"].mul_(b1).add_(p.grad, alpha=1.0 - b1)
+        s["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1.0 - b2)
+        denom = s["v"].sqrt().add_(eps)
+        step_size = lr * math.sqrt(1.0 - b2 ** s["step"]) / (1.0 - b1 ** s["step"]) if correct_bias else lr
+        p.data.addcdiv_(s["m"], denom, value=-step_size)
+        if wd > 0.0:
+            p.data.add_(p.data, alpha=-lr * wd)
+
+
+def _toy_grads(params, step):
+    g = torch.Generator().manual_seed(100 + step)
+    for i, p in enumerate(params):
+        # the last parameter gets no gradient every other step: its step count falls behind
+        p.grad = None if (i == len(params) - 1 and step % 2) else torch.randn(p.shape, generator=g)
+
+
+def _toy_params(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [nn.Parameter(torch.randn(s, generator=g) * 3) for s in ((7, 5), (5,), (3, 4, 2), (11,))]
+
+
+@pytest.mark.parametrize("impl", ["loop", "foreach", "fused"])
+@pytest.mark.parametrize("correct_bias", [True, False])
+def test_hf_adamw_matches_the_official_rule(impl, correct_bias):
+    from vlkit.train.optim import HFAdamW
+
+    ref, ours = _toy_params(), _toy_params()
+    opt = HFAdamW([{"params": ours[:2], "weight_decay": 0.05}, {"params": ours[2:], "weight_decay": 0.0, "lr": 3e-2}],
+                  lr=1e-2, betas=(0.9, 0.98), eps=1e-6, correct_bias=correct_bias, impl=impl)
+    state: dict = {}
+    for step in range(6):
+        _toy_grads(ref, step)
+        _toy_grads(ours, step)
+        _official_adamw_step(ref[:2], state, 1e-2, (0.9, 0.98), 1e-6, 0.05, correct_bias)
+        _official_adamw_step(ref[2:], state, 3e-2, (0.9, 0.98), 1e-6, 0.0, correct_bias)
+        opt.step()
+    assert opt.state[ours[-1]]["step"].item() == 3  # skipped while it had no gradient
+    for r, o in zip(ref, ours):
+        if impl == "fused" and correct_bias:  # same update, float roundings in another order
+            torch.testing.assert_close(o.data, r.data, rtol=0, atol=4e-6)
+        else:  # the very ops of the official class, per parameter or on lists
+            assert torch.equal(o.data, r.data)
+
+
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
+def test_torch_adamw_impls_agree(impl):
+    ref, ours = _toy_params(), _toy_params()
+    opt_ref = torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.05, foreach=False)
+    kind = {"fused": {"fused": True}, "foreach": {"foreach": True}}[impl]
+    opt = torch.optim.AdamW(ours, lr=1e-2, weight_decay=0.05, **kind)
+    for step in range(4):
+        _toy_grads(ref, step)
+        _toy_grads(ours, step)
+        opt_ref.step()
+        opt.step()
+    for r, o in zip(ref, ours):
+        torch.testing.assert_close(o.data, r.data, rtol=0, atol=4e-6)
+
+
+def test_build_optimizer_rules_and_state_compatibility():
+    from vlkit.train.optim import HFAdamW
+
+    module = ToyModule()
+    hf = build_optimizer(module, lr=1e-3, rule="hf", impl="fused")
+    assert isinstance(hf, HFAdamW) and [g["name"] for g in hf.param_groups] == \
+        [g["name"] for g in build_optimizer(module, lr=1e-3).param_groups]
+    assert build_optimizer(module, lr=1e-3, impl="fused").defaults["fused"] is True
+    for p in module.parameters():
+        p.grad = torch.ones_like(p)
+    hf.step()
+    # the state layout is torch's: a checkpoint of one rule loads into the other
+    torch_opt = build_optimizer(module, lr=1e-3, rule="torch", impl="loop")
+    torch_opt.load_state_dict(hf.state_dict())
+    torch_opt.step()
+    assert all(torch_opt.state[p]["step"].item() == 2 for p in module.parameters() if p.requires_grad)
+    with pytest.raises(ValueError, match="unknown AdamW rule"):
+        build_optimizer(module, lr=1e-3, rule="adam")
+    with pytest.raises(ValueError, match="unknown AdamW impl"):
+        build_optimizer(module, lr=1e-3, impl="cuda_graph")

@@ -131,6 +131,18 @@ def test_bf16_mixed_precision(tmp_path, tiny, pairs):
     assert tiny.losses(bf16) == pytest.approx(tiny.losses(fp32), abs=0.05)
 
 
+def test_activation_checkpointing_and_adamw_options(tmp_path, tiny, pairs):
+    """Checkpointed blocks recompute the same dropout masks: the same losses; the official AdamW rule and
+    torch's differ (eps and decay placement) but both train."""
+    plain = _fit(tiny, pairs, output_dir=tmp_path / "a", max_steps=3)
+    ckpt = _fit(tiny, pairs, output_dir=tmp_path / "b", max_steps=3, activation_checkpointing=True)
+    assert tiny.losses(ckpt) == tiny.losses(plain)
+    hf = _fit(tiny, pairs, output_dir=tmp_path / "c", max_steps=3, adamw_rule="hf", adamw_impl="foreach")
+    assert tiny.losses(hf)[0] == tiny.losses(plain)[0] and tiny.losses(hf) != tiny.losses(plain)
+    with pytest.raises(ValueError, match="adamw_rule"):
+        TrainerConfig(adamw_rule="sgd")
+
+
 def test_dynamic_batching_reports_less_padding(tmp_path, tiny, pairs):
     fixed = _fit(tiny, pairs, output_dir=tmp_path / "a", max_steps=4)
     units = _fit(tiny, pairs, output_dir=tmp_path / "b", max_steps=4, batching="units", max_units=120,

@@ -95,6 +95,7 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
     image_types: ClassVar[bool] = False  # encode_image takes image_type_id
     mlm_tied: ClassVar[bool] = True  # the official MLM decoder is tied to the word embeddings
     encoder_prefixes: ClassVar[tuple[str, ...]] = ()  # pre-trained unimodal towers (METER's lower lr)
+    image_offset: int = 0  # leading image states that are not inputs ([IMG], a ViT's [CLS]; VLOutput.image_offset)
     default_mix: ClassVar[Any] = None
     objective_defaults: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
     trainer_preset: ClassVar[Mapping[str, Any]] = {}
@@ -117,7 +118,31 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
         """Cross-modal layers and poolers over cached unimodal encodings.
 
         ``pooled_only=True`` computes the last layer of each stream only at the positions its pooler
-        reads (same ``joint`` / poolers; ``text_states`` / ``image_states`` then hold those positions)."""
+        reads (same ``joint`` / poolers; ``text_states`` / ``image_states`` then hold those positions).
+
+        A family may also take ``keep_rows=(text [B, T], image [B, K])``: bool masks of the token / region
+        (patch) positions whose final states the caller reads (None: every position of that side); the
+        last layers then compute those and the pooled positions only, and the other states come back as
+        zeros at full length. The pre-training mixture passes it when ``fuse`` accepts it."""
+
+    def encoding_modules(self, side: str) -> tuple[nn.Module, ...]:
+        """The modules ``encode_text`` (``side="text"``) or ``encode_image`` (``"image"``) run. Training shares
+        one encoding of a side between the passes of a step when none of them draws random numbers
+        (dropout); the default, the whole model, never shares more than that rule allows."""
+        return (self,)
+
+    def set_activation_checkpointing(self, enabled: bool = True) -> int:
+        """Recompute every transformer block's activations in the backward pass (less memory, the same
+        outputs and gradients); see `vlkit.models.layers.set_activation_checkpointing`."""
+        from vlkit.models.layers import set_activation_checkpointing
+
+        return set_activation_checkpointing(self, enabled)
+
+    def compile_blocks(self, **options: Any) -> int:
+        """``torch.compile`` every transformer block in place (`vlkit.models.layers.compile_blocks`)."""
+        from vlkit.models.layers import compile_blocks
+
+        return compile_blocks(self, **options)
 
     def forward(self, batch: VLBatch, pooled_only: bool = False, **kwargs: Any) -> VLOutput:
         return self.fuse(self.encode_text(batch, **kwargs), self.encode_image(batch, **kwargs), pooled_only)

@@ -132,24 +132,26 @@ CLIP_BLOCK_TO_TIMM = {"attn.in_proj_weight": "attn.qkv.weight", "attn.in_proj_bi
                       "mlp.c_proj.weight": "mlp.fc2.weight", "mlp.c_proj.bias": "mlp.fc2.bias"}
 
 
+def clip_visual_key_to_timm(key: str, layers: int) -> str | None:
+    """The timm ViT key of an OpenAI CLIP visual key (``[vit_model.]visual.conv1.weight``, ...), or None for
+    what METER does not use (the text tower, ``proj``, blocks at index >= ``layers``)."""
+    if "visual." not in key:
+        return None
+    key = key.split("visual.", 1)[1]
+    if key.startswith("transformer.resblocks."):
+        index, rest = key[len("transformer.resblocks."):].split(".", 1)
+        return f"blocks.{index}.{CLIP_BLOCK_TO_TIMM[rest]}" if int(index) < layers else None
+    return None if key == "proj" else CLIP_VISUAL_TO_TIMM[key]
+
+
 def openai_clip_visual_to_timm(state: dict[str, Tensor], layers: int) -> dict[str, Tensor]:
     """OpenAI CLIP visual keys (``[vit_model.]visual.conv1.weight``, ``...resblocks.N.attn.in_proj_weight``)
     -> timm ViT keys. Blocks at index >= ``layers`` and the text tower are dropped, as in METER."""
-    renames, block_renames = CLIP_VISUAL_TO_TIMM, CLIP_BLOCK_TO_TIMM
     out: dict[str, Tensor] = {}
     for key, value in state.items():
-        if "visual." not in key:
-            continue
-        key = key.split("visual.", 1)[1]
-        if key == "proj":
-            continue  # CLIP's output projection: METER does not use it
-        if key.startswith("transformer.resblocks."):
-            index, rest = key[len("transformer.resblocks."):].split(".", 1)
-            if int(index) >= layers:
-                continue
-            out[f"blocks.{index}.{block_renames[rest]}"] = value
-        else:
-            out[renames[key]] = value
+        new = clip_visual_key_to_timm(key, layers)
+        if new is not None:
+            out[new] = value
     out["cls_token"] = out["cls_token"].reshape(1, 1, -1)
     out["pos_embed"] = out["pos_embed"].unsqueeze(0)
     return out

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from vlkit.models.base import ModelConfig, VLModel
 from vlkit.models.encoders import TEXT_ENCODERS, vision_has_cls, vision_tokens
 from vlkit.models.heads import JointClassifier, PairClassifier, RankHead, init_linear
 from vlkit.models.layers import (BertCrossLayer, BertLayer, Pooler, additive_mask, extend_embedding, init_bert_weights,
-                                 run_single_stream)
+                                 keep_index, run_single_stream, scatter_rows, with_pooled)
 from vlkit.registry import ENCODERS, register_head, register_model
 from vlkit.types import Encoded, VLBatch, VLOutput
 
@@ -109,8 +109,8 @@ class Meter(VLModel):
     objective_defaults = {"itm": {"negatives": "image", "split": "half", "match_index": 1, "dropout": 0.0}}
     # meter/config.py task_mlm_itm_clip_bert, meter_utils.set_schedule (no gradient clipping)
     trainer_preset = dict(max_steps=100000, lr=1e-5, lr_mult=5.0, lr_mult_head=5.0, betas=[0.9, 0.98], eps=1e-8,
-                          weight_decay=0.01, no_decay="bert_timm", warmup=0.1, schedule="polynomial", power=1.0,
-                          end_lr=0.0, schedule_offset=0, grad_clip=0.0, batching="fixed")
+                          adamw_rule="hf", weight_decay=0.01, no_decay="bert_timm", warmup=0.1, schedule="polynomial",
+                          power=1.0, end_lr=0.0, schedule_offset=0, grad_clip=0.0, batching="fixed")
 
     def __init__(self, config: MeterConfig):
         super().__init__(config)
@@ -165,6 +165,11 @@ class Meter(VLModel):
         """Pixels per image-token side: the ViT patch, or a Swin's total stride."""
         return self.config.patch_size if self.image_offset else self.vit_model.feature_info[-1]["reduction"]
 
+    def encoding_modules(self, side: str) -> tuple[nn.Module, ...]:
+        if side == "text":
+            return self.text_transformer, self.cross_modal_text_transform, self.token_type_embeddings
+        return self.vit_model, self.cross_modal_image_transform, self.token_type_embeddings
+
     def encode_text(self, batch: VLBatch, **_: Any) -> Encoded:
         states = self.text_transformer(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
         states = self.cross_modal_text_transform(states) + self.token_type_embeddings.weight[0]
@@ -181,21 +186,31 @@ class Meter(VLModel):
         states = states + self.token_type_embeddings.weight[image_type_id]
         return Encoded(states, torch.ones(states.shape[:2], dtype=torch.long, device=states.device))
 
-    def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False) -> VLOutput:
+    def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False,
+             keep_rows: tuple[Tensor | None, Tensor | None] | None = None) -> VLOutput:
         x, y = text.states, image.states
+        length_x, length_y = x.shape[1], y.shape[1]
         x_mask, y_mask = additive_mask(text.mask, x.dtype), additive_mask(image.mask, y.dtype)
         # the poolers read [CLS] of each stream; a Swin's pooler averages every image token
         x_rows = [0] if pooled_only else None
         y_rows = [0] if pooled_only and self.image_offset else None
+        keep = None
+        if keep_rows is not None and not pooled_only:
+            image_keep = with_pooled(keep_rows[1], self.image_offset) if self.image_offset else None  # Swin: all
+            keep = (with_pooled(keep_rows[0]), image_keep)
+            x_rows, y_rows = (None if k is None else keep_index(k) for k in keep)
         if self.config.fusion == "co_attention":
             last = len(self.cross_modal_text_layers) - 1
             for i, (text_layer, image_layer) in enumerate(zip(self.cross_modal_text_layers,
                                                               self.cross_modal_image_layers)):
                 rx, ry = (x_rows, y_rows) if i == last else (None, None)
                 x, y = text_layer(x, x_mask, y, y_mask, rx), image_layer(y, y_mask, x, x_mask, ry)  # simultaneous
+            if keep is not None:  # the kept rows back at their positions
+                x = x if x_rows is None else scatter_rows(x, x_rows, length_x)
+                y = y if y_rows is None else scatter_rows(y, y_rows, length_y)
         else:
             x, y = run_single_stream(self.cross_modal_layers, text, image,
-                                     (x_rows, y_rows or range(y.shape[1])) if pooled_only else None)
+                                     (x_rows, y_rows or range(y.shape[1])) if pooled_only else None, keep=keep)
         text_pooled = self.cross_modal_text_pooler(x)
         image_pooled = self.cross_modal_image_pooler(y if self.image_offset else y.mean(1, keepdim=True))
         return VLOutput(text_states=x, text_mask=text.mask[:, :x.shape[1]], image_states=y,

@@ -1,9 +1,9 @@
 """UNITER (Chen et al. 2020): one BERT stream over ``[CLS] text [SEP]`` followed by the regions, as in
 ChenRocks/UNITER ``model/model.py`` (module names without the official ``uniter.`` prefix).
 
-The official code gathers each example's regions right after its own text length; vlkit keeps
-``[text padded | regions padded]`` with the attention mask, which gives the same outputs at every
-real position (attention is permutation-equivariant and positions are embedded before packing).
+The official code gathers each example's regions right after its own text length (``gather_index``);
+so does vlkit's ``fuse`` (`run_single_stream` with ``pack=True``), padding only to the longest text +
+regions pair, and it scatters the states back to ``[text padded | regions padded]`` for the objectives.
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from torch import Tensor, nn
 from vlkit.models.base import BertStreamConfig, VLModel
 from vlkit.models.embeddings import BertTextEmbeddings, UniterRegionEmbeddings
 from vlkit.models.heads import Head, JointClassifier, RankHead, RegionScorer
-from vlkit.models.layers import MASK_VALUE, Pooler, bert_layers, extend_embedding, init_bert_weights, run_single_stream
+from vlkit.models.layers import (MASK_VALUE, Pooler, bert_layers, extend_embedding, init_bert_weights,
+                                 run_single_stream, with_pooled)
 from vlkit.registry import register_head, register_model
 from vlkit.types import Encoded, VLBatch, VLOutput
 
@@ -56,8 +57,8 @@ class Uniter(VLModel):
     }
     # config/pretrain-*-base-8gpu.json, optim/misc.py (AdamW eps 1e-6), optim/sched.py
     trainer_preset = dict(max_steps=200000, lr=5e-5, betas=[0.9, 0.98], eps=1e-6, weight_decay=0.01, no_decay="bert",
-                          warmup=10000, schedule="linear", schedule_offset=1, grad_clip=5.0, batching="units",
-                          max_units=10240, bucket_size=8192, size_multiple=8)
+                          adamw_rule="hf", warmup=10000, schedule="linear", schedule_offset=1, grad_clip=5.0,
+                          batching="units", max_units=10240, bucket_size=8192, size_multiple=8)
 
     def __init__(self, config: UniterConfig):
         super().__init__(config)
@@ -72,6 +73,9 @@ class Uniter(VLModel):
 
     def get_region_projection(self) -> nn.Linear:
         return self.img_embeddings.img_linear
+
+    def encoding_modules(self, side: str) -> tuple[nn.Module, ...]:
+        return (self.embeddings,) if side == "text" else (self.img_embeddings, self.embeddings.token_type_embeddings)
 
     def encode_text(self, batch: VLBatch, **_: Any) -> Encoded:
         return Encoded(self.embeddings(batch.input_ids), batch.attention_mask)
@@ -89,8 +93,11 @@ class Uniter(VLModel):
                                      batch.region_wh)
         return Encoded(states, batch.region_mask)
 
-    def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False) -> VLOutput:
-        txt, img = run_single_stream(self.encoder.layer, text, image, ([0], []) if pooled_only else None)
+    def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False,
+             keep_rows: tuple[Tensor | None, Tensor | None] | None = None) -> VLOutput:
+        keep = None if keep_rows is None else (with_pooled(keep_rows[0]), keep_rows[1])
+        txt, img = run_single_stream(self.encoder.layer, text, image, ([0], []) if pooled_only else None, pack=True,
+                                     keep=keep)
         pooled = self.pooler(txt)
         return VLOutput(text_states=txt, text_mask=text.mask[:, :txt.shape[1]], image_states=img,
                         image_mask=image.mask[:, :img.shape[1]], text_pooled=pooled, image_pooled=pooled, joint=pooled)

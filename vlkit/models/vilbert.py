@@ -17,7 +17,7 @@ from vlkit.models.embeddings import BertTextEmbeddings, ViLBERTRegionEmbeddings
 from vlkit.models.heads import JointClassifier, PairClassifier, RankHead, RegionScorer, init_linear
 from vlkit.models.layers import (BertIntermediate, BertLayer, BertOutput, BiAttention, BiOutput, Pooler,
                                  additive_mask, bert_layers, init_bert_weights, run_layers,
-                                 run_single_stream)
+                                 run_single_stream, with_pooled)
 from vlkit.registry import register_head, register_model
 from vlkit.types import Encoded, VLBatch, VLOutput
 
@@ -115,8 +115,9 @@ class ConnectionLayer(nn.Module):
         self.t_intermediate = BertIntermediate(c.hidden_size, c.intermediate_size, c.hidden_act)
         self.t_output = BertOutput(c.intermediate_size, c.hidden_size, eps, c.hidden_dropout_prob)
 
-    def forward(self, vis: Tensor, vis_mask: Tensor, txt: Tensor, txt_mask: Tensor) -> tuple[Tensor, Tensor]:
-        ctx_vis, ctx_txt = self.biattention(vis, vis_mask, txt, txt_mask)
+    def forward(self, vis: Tensor, vis_mask: Tensor, txt: Tensor, txt_mask: Tensor, vis_proj: Tensor | None = None,
+                txt_proj: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        ctx_vis, ctx_txt = self.biattention(vis, vis_mask, txt, txt_mask, vis_proj, txt_proj)
         vis, txt = self.biOutput(ctx_vis, vis, ctx_txt, txt)
         return self.v_output(self.v_intermediate(vis), vis), self.t_output(self.t_intermediate(txt), txt)
 
@@ -126,12 +127,14 @@ class ViLBERT(VLModel):
     """ViLBERT: ``joint = pooled_t * pooled_v`` (ReLU poolers 768->1024 and 1024->1024).
 
     ``encode_text`` caches the text stream up to its first co-attention layer, ``encode_image``
-    the region embeddings with the leading [IMG] token (`global_feature`, box [0,0,1,1]).
+    the region embeddings with the leading [IMG] token (`global_feature`, box [0,0,1,1]); each also caches
+    the first co-attention's projections of its stream (``extra["co_proj"]``).
     """
 
     family = "vilbert"
     config_class = ViLBERTConfig
     image_input = "regions"
+    image_offset = 1  # the [IMG] token
     # train_concap.py (pretrained_model.bin): MLM + MRC-kl + ITM summed, joint masking
     default_mix = "vilbert"
     objective_defaults = {
@@ -141,7 +144,8 @@ class ViLBERT(VLModel):
     }
     # train_concap.py: AdamW, WarmupLinearSchedule stepped before the optimizer, no clipping
     trainer_preset = dict(lr=1e-4, betas=[0.9, 0.98], eps=1e-8, weight_decay=0.01, no_decay="bert", warmup=0.1,
-                          schedule="linear", schedule_offset=1, grad_clip=0.0, batching="fixed", batch_size=512)
+                          adamw_rule="hf", schedule="linear", schedule_offset=1, grad_clip=0.0, batching="fixed",
+                          batch_size=512)
     # vilbert_tasks.yml TASK<n> (retrieval: Flickr30k, COCO is 7; refexp: refcoco+, refcoco 9, refcocog 11; GQA 15)
     official_task_ids = {"vqa": 1, "retrieval": 8, "refexp": 10, "nlvr2": 12, "snli_ve": 13}
 
@@ -188,10 +192,12 @@ class ViLBERT(VLModel):
             emb = torch.cat([emb[:, :1], task, emb[:, 1:]], dim=1)
             mask = torch.cat([mask[:, :1], torch.ones_like(mask[:, :1]), mask[:, 1:]], dim=1)
         states = self.embeddings.normalize(emb)
-        if not self.config.single_stream:
-            first_co = self._first_layers()[0]
-            states = run_layers(self.encoder.layer[:first_co], states, additive_mask(mask, states.dtype))
-        return Encoded(states, mask)
+        if self.config.single_stream:
+            return Encoded(states, mask)
+        first_co = self._first_layers()[0]
+        states = run_layers(self.encoder.layer[:first_co], states, additive_mask(mask, states.dtype))
+        # the first co-attention's query2 / key2 / value2 read this alone: cached with it
+        return Encoded(states, mask, {"co_proj": self.encoder.c_layer[0].biattention.project_text(states)})
 
     def encode_image(self, batch: VLBatch, **_: Any) -> Encoded:
         if not batch.has_regions:
@@ -203,10 +209,11 @@ class ViLBERT(VLModel):
         boxes = torch.cat([img_box, boxes], dim=1)
         mask = torch.cat([torch.ones_like(mask[:, :1]), mask], dim=1)
         states = self.v_embeddings(feats, boxes)
-        if not self.config.single_stream:
-            first_co = self._first_layers()[1]
-            states = run_layers(self.encoder.v_layer[:first_co], states, additive_mask(mask, states.dtype))
-        return Encoded(states, mask)
+        if self.config.single_stream:
+            return Encoded(states, mask)
+        first_co = self._first_layers()[1]
+        states = run_layers(self.encoder.v_layer[:first_co], states, additive_mask(mask, states.dtype))
+        return Encoded(states, mask, {"co_proj": self.encoder.c_layer[0].biattention.project_vision(states)})
 
     def global_feature(self, batch: VLBatch) -> Tensor:
         """The [IMG] token's feature [B, D] under ``config.img_feature``.
@@ -233,12 +240,20 @@ class ViLBERT(VLModel):
             return batch.region_global.to(feats.dtype)
         return total / real.sum(1).clamp(min=1.0)
 
-    def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False) -> VLOutput:
+    def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False,
+             keep_rows: tuple[Tensor | None, Tensor | None] | None = None) -> VLOutput:
         c = self.config
         txt, vis = text.states, image.states
         first = [0] if pooled_only else None  # the poolers read position 0 ([CLS], [IMG])
+        t_keep = v_keep = None
+        if keep_rows is not None and not pooled_only:
+            t_keep, v_keep = keep_rows
+            if t_keep is not None and c.task_specific_tokens:  # the inserted task token is never read
+                t_keep = torch.cat([t_keep[:, :1], torch.zeros_like(t_keep[:, :1]), t_keep[:, 1:]], dim=1)
+            t_keep, v_keep = with_pooled(t_keep), with_pooled(v_keep, offset=1)
         if c.single_stream:
-            txt, vis = run_single_stream(self.encoder.layer, text, image, (first, first) if pooled_only else None)
+            txt, vis = run_single_stream(self.encoder.layer, text, image, (first, first) if pooled_only else None,
+                                         keep=None if keep_rows is None else (t_keep, v_keep))
             text_pooled, image_pooled = self.pooler(txt), self.pooler(vis)
             joint = text_pooled
         else:
@@ -247,10 +262,11 @@ class ViLBERT(VLModel):
             for count, (v_end, t_end) in enumerate(zip(c.v_biattention_id, c.t_biattention_id)):
                 txt = run_layers(self.encoder.layer[t_start:t_end], txt, t_mask)
                 vis = run_layers(self.encoder.v_layer[v_start:v_end], vis, v_mask)
-                vis, txt = self.encoder.c_layer[count](vis, v_mask, txt, t_mask)
+                cached = (image.extra.get("co_proj"), text.extra.get("co_proj")) if count == 0 else (None, None)
+                vis, txt = self.encoder.c_layer[count](vis, v_mask, txt, t_mask, *cached)
                 t_start, v_start = t_end, v_end
-            vis = run_layers(self.encoder.v_layer[v_start:], vis, v_mask, first)
-            txt = run_layers(self.encoder.layer[t_start:], txt, t_mask, first)
+            vis = run_layers(self.encoder.v_layer[v_start:], vis, v_mask, first, keep=v_keep)
+            txt = run_layers(self.encoder.layer[t_start:], txt, t_mask, first, keep=t_keep)
             text_pooled, image_pooled = self.t_pooler(txt), self.v_pooler(vis)
             joint = text_pooled * image_pooled if c.fusion_method == "mul" else text_pooled + image_pooled
         text_mask, image_mask = text.mask[:, :txt.shape[1]], image.mask[:, :vis.shape[1]]

@@ -90,6 +90,9 @@ class Objective(nn.Module, metaclass=abc.ABCMeta):
 
     name: ClassVar[str] = ""
     view: ClassVar[str] = ""
+    # reads only ``VLOutput.joint`` / the pooled vectors: a pass whose objectives all do runs the last
+    # fusion layers at the pooled positions only (``fuse(pooled_only=True)``, the same poolers)
+    joint_only: ClassVar[bool] = False
 
     def __init__(self, model: VLModel):
         super().__init__()
@@ -104,6 +107,12 @@ class Objective(nn.Module, metaclass=abc.ABCMeta):
         """The defaults the model's family declares for this objective (``objective_defaults``),
         overridden by ``given``."""
         return {**model.objective_defaults.get(cls.name, {}), **given}
+
+    def rows(self, ctx: PassContext) -> tuple[Tensor | None, Tensor | None] | None:
+        """The token / region (patch) positions whose fused states this objective reads, as ``(text [B, T],
+        image [B, K])`` bool masks (None: that side is not read), or None when it reads every state (the
+        default). The mixture lets the model compute the last layers at those positions only."""
+        return (None, None) if self.joint_only else None
 
     def attach(self, objectives: Mapping[str, Objective]) -> None:
         """Called once the mixture holds all its objectives (by name): a head shared with another

@@ -130,6 +130,7 @@ class Pretraining(nn.Module):
         if self.mask_only_matched and not any(o.view == "pairs" for o in self.objectives.values()):
             raise ValueError("objective mix: mask_only_matched needs an objective that mixes in pairs (itm)")
         self.mask_views = {o.view for o in self.objectives.values()} & set(MASK_VIEWS)
+        self._keep_rows = "keep_rows" in inspect.signature(model.fuse).parameters  # the family prunes rows
 
     def _add(self, name: str, options: dict[str, Any]) -> None:
         if name in self.objectives:
@@ -200,6 +201,26 @@ class Pretraining(nn.Module):
             ctx.image_from = None
         return batch, ctx
 
+    def _fuse_options(self, wanted: list, batch: VLBatch, image: Encoded) -> dict[str, Any]:
+        """``fuse`` keywords from what a pass's objectives read (`Objective.rows`): every state (nothing
+        to prune), only the joint vector (``pooled_only``), or some positions (``keep_rows``)."""
+        if any(w is None for w in wanted):
+            return {}
+        if all(t is None and i is None for t, i in wanted):
+            return {"pooled_only": True}
+        if not self._keep_rows:
+            return {}
+        shapes = (tuple(batch.input_ids.shape), (batch.batch_size, image.states.shape[1] - self.model.image_offset))
+
+        def union(masks: list, shape: tuple[int, int]) -> Tensor:
+            out = torch.zeros(shape, dtype=torch.bool, device=image.states.device)
+            for m in masks:
+                if m is not None:
+                    out = out | m.to(out.device)
+            return out
+
+        return {"keep_rows": tuple(union([w[side] for w in wanted], shapes[side]) for side in (0, 1))}
+
     def _mask_text(self, batch: VLBatch, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         t = self.tokens
         options = dict(self.text_masking)
@@ -218,22 +239,18 @@ class Pretraining(nn.Module):
         total: Tensor | None = None
         metrics: dict[str, Any] = {}
         # unimodal encodings of the clean batch, shared by the passes that show it unchanged (or
-        # permuted); only when encoding draws no random numbers, so the result equals re-encoding
-        clean = _CleanEncodings(self.model, batch) if not stochastic(self.model) else None
+        # permuted); per side, only when its encoding draws no random numbers (re-encoding gives the same)
+        clean = _CleanEncodings(self.model, batch)
         for views, scored in self.plan(self.active_units(step)):
             if views == {UNIMODAL}:
                 corrupted, ctx = batch, PassContext(original=batch)
-                out = (clean.text(None), clean.image(None)) if clean else \
-                    (self.model.encode_text(batch), self.model.encode_image(batch))
+                rows = torch.arange(batch.batch_size, device=batch.device)
+                out = (clean.text(rows, batch), clean.image(rows, batch))
             else:
                 corrupted, ctx = self.corrupt(batch, views, generator)
-                if clean is None:
-                    out = self.model(corrupted)
-                else:
-                    text = clean.text(ctx.text_from) if ctx.text_from is not None else self.model.encode_text(corrupted)
-                    image = clean.image(ctx.image_from) if ctx.image_from is not None else \
-                        self.model.encode_image(corrupted)
-                    out = self.model.fuse(text, image)
+                text, image = clean.text(ctx.text_from, corrupted), clean.image(ctx.image_from, corrupted)
+                wanted = [self.objectives[name].rows(ctx) for name, _ in scored]
+                out = self.model.fuse(text, image, **self._fuse_options(wanted, corrupted, image))
             for name, weight in scored:
                 result = self.objectives[name](out, corrupted, ctx)
                 total = weight * result.loss if total is None else total + weight * result.loss
@@ -257,29 +274,34 @@ def stochastic(module: nn.Module) -> bool:
 
 
 class _CleanEncodings:
-    """``encode_text`` / ``encode_image`` of one step's clean batch, computed on first use; rows are
-    picked with ``text(rows)`` / ``image(rows)`` (None: every row in order)."""
+    """``encode_text`` / ``encode_image`` of one step's clean batch, computed on first use and shared by
+    the passes whose rows show it unchanged, for each side whose encoding is deterministic (the model's
+    ``encoding_modules`` draw no random numbers: METER's CLIP tower has no dropout, its text tower has)."""
 
     def __init__(self, model: VLModel, batch: VLBatch):
         self.model, self.batch = model, batch
-        self._text: Encoded | None = None
-        self._image: Encoded | None = None
+        self.shared = {side: not any(stochastic(m) for m in model.encoding_modules(side))
+                       for side in ("text", "image")}
+        self._cache: dict[str, Encoded] = {}
 
-    @staticmethod
-    def _rows(encoded: Encoded, rows: Tensor | None) -> Encoded:
-        if rows is None or bool((rows == torch.arange(len(rows), device=rows.device)).all()):
+    def _get(self, side: str, rows: Tensor | None, batch: VLBatch) -> Encoded:
+        encode = self.model.encode_text if side == "text" else self.model.encode_image
+        if rows is None or not self.shared[side]:  # masked, or not reproducible: encode what the pass shows
+            return encode(batch)
+        if side not in self._cache:
+            self._cache[side] = encode(self.batch)
+        encoded = self._cache[side]
+        if bool((rows == torch.arange(len(rows), device=rows.device)).all()):
             return encoded
         return encoded.index(rows)
 
-    def text(self, rows: Tensor | None) -> Encoded:
-        if self._text is None:
-            self._text = self.model.encode_text(self.batch)
-        return self._rows(self._text, rows)
+    def text(self, rows: Tensor | None, batch: VLBatch) -> Encoded:
+        """The text encoding of ``batch``, whose captions are the clean batch's ``rows`` (None: changed)."""
+        return self._get("text", rows, batch)
 
-    def image(self, rows: Tensor | None) -> Encoded:
-        if self._image is None:
-            self._image = self.model.encode_image(self.batch)
-        return self._rows(self._image, rows)
+    def image(self, rows: Tensor | None, batch: VLBatch) -> Encoded:
+        """The image encoding of ``batch``, whose images are the clean batch's ``rows`` (None: changed)."""
+        return self._get("image", rows, batch)
 
 
 def build_pretraining(model: VLModel, mix: Any, tokenizer: Any = None, seed: int | None = None,

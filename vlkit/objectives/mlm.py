@@ -49,6 +49,11 @@ class MaskedLanguageModeling(Objective):
         self.predictions = LMPredictionHead(model.text_hidden_size, embeddings.num_embeddings,
                                             embeddings.weight if tied else None)
 
+    def rows(self, ctx: PassContext) -> tuple[Tensor | None, Tensor | None] | None:
+        if ctx.mlm_labels is None:
+            return None
+        return masked_rows(ctx.mlm_labels != IGNORE_INDEX, ctx.score_rows), None
+
     def forward(self, out: VLOutput, batch: VLBatch, ctx: PassContext) -> LossOutput:
         if ctx.mlm_labels is None:
             raise ValueError("mlm: the pass has no masked tokens (its view must include 'text')")

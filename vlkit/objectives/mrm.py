@@ -14,6 +14,11 @@ from vlkit.registry import register_objective
 from vlkit.types import LossOutput, VLBatch, VLOutput
 
 
+def _masked_region_rows(ctx: PassContext) -> tuple[None, Tensor] | None:
+    """`Objective.rows` of the masked-region objectives: the scored masked regions."""
+    return None if ctx.region_masked is None else (None, masked_rows(ctx.region_masked, ctx.score_rows))
+
+
 def _masked_targets(name: str, out: VLOutput, ctx: PassContext) -> tuple[Tensor, Tensor]:
     """(states of the scored masked regions [n, H], their mask [B, K])."""
     if ctx.region_masked is None:
@@ -42,6 +47,9 @@ class MaskedRegionFeatureRegression(Objective):
         require_regions(cls.name, model)
         if model.get_region_projection().out_features != model.image_hidden_size:
             raise IncompatibleObjective("mrfr: the region projection does not map into the image stream")
+
+    def rows(self, ctx: PassContext) -> tuple[None, Tensor] | None:
+        return _masked_region_rows(ctx)
 
     def forward(self, out: VLOutput, batch: VLBatch, ctx: PassContext) -> LossOutput:
         states, chosen = _masked_targets(self.name, out, ctx)
@@ -90,6 +98,9 @@ class _RegionClassification(Objective):
     @classmethod
     def check(cls, model: VLModel) -> None:
         require_regions(cls.name, model)
+
+    def rows(self, ctx: PassContext) -> tuple[None, Tensor] | None:
+        return _masked_region_rows(ctx)
 
     def _scored(self, out: VLOutput, ctx: PassContext) -> tuple[Tensor, Tensor]:
         states, chosen = _masked_targets(self.name, out, ctx)

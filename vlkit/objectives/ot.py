@@ -7,7 +7,9 @@ Masks use the vlkit convention: True (or 1) marks a real position, False a pad.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -55,11 +57,75 @@ def ipot_plan(cost: Tensor, x_mask: Tensor, y_mask: Tensor, beta: float = 0.5, i
     return _ipot_plan(cost, *_masks(cost, x_mask, y_mask), beta, iterations, k)
 
 
-@torch.no_grad()
+# On CUDA the 50 iterations (~500 small kernels) are captured once per (bucketed) problem shape in a CUDA
+# graph and replayed: launch overhead, not arithmetic, is what a WRA-sized problem costs on a GPU.
+CUDA_GRAPHS = True
+BUCKET = 8  # problems are padded to multiples of this (batch, words, regions) so that few shapes are captured
+_GRAPHS: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
+_MAX_GRAPHS = 32
+
+
 def _ipot_plan(cost: Tensor, x_mask: Tensor, y_mask: Tensor, joint: Tensor, beta: float, iterations: int,
                k: int) -> Tensor:
     if iterations < 1 or k < 1 or beta <= 0:
         raise ValueError(f"ipot: need iterations >= 1, k >= 1 and beta > 0, got {iterations}, {k}, {beta}")
+    if CUDA_GRAPHS and cost.is_cuda and not torch.cuda.is_current_stream_capturing():
+        try:
+            return _graphed_plan(cost, x_mask, y_mask, joint, beta, iterations, k)
+        except RuntimeError as err:  # pragma: no cover - depends on the GPU / driver
+            _disable_graphs(err)
+    return _eager_plan(cost, x_mask, y_mask, joint, beta, iterations, k)
+
+
+def _disable_graphs(err: Exception) -> None:  # pragma: no cover - GPU only
+    global CUDA_GRAPHS
+    CUDA_GRAPHS = False
+    _GRAPHS.clear()
+    warnings.warn(f"ipot: CUDA graph capture failed ({err}); running the iterations eagerly")
+
+
+def pad_problem(cost: Tensor, x_mask: Tensor, y_mask: Tensor, joint: Tensor,
+                multiple: int = BUCKET) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The problem padded with masked rows, columns and samples to multiples of ``multiple``: its plan,
+    cut back to the original shape, is the original plan (pads carry no mass)."""
+    b, m, n = cost.shape
+    pb, pm, pn = (-b) % multiple, (-m) % multiple, (-n) % multiple
+    if not (pb or pm or pn):
+        return cost, x_mask, y_mask, joint
+    return (F.pad(cost, (0, pn, 0, pm, 0, pb)), F.pad(x_mask, (0, pm, 0, pb)), F.pad(y_mask, (0, pn, 0, pb)),
+            F.pad(joint, (0, pn, 0, pm, 0, pb)))
+
+
+def _graphed_plan(cost: Tensor, x_mask: Tensor, y_mask: Tensor, joint: Tensor, beta: float, iterations: int,
+                  k: int) -> Tensor:  # pragma: no cover - GPU only
+    b, m, n = cost.shape
+    inputs = pad_problem(cost.detach().float(), x_mask, y_mask, joint)
+    key = (tuple(inputs[0].shape), inputs[0].device, float(beta), iterations, k)
+    entry = _GRAPHS.get(key)
+    if entry is None:
+        static = tuple(t.clone() for t in inputs)
+        stream = torch.cuda.Stream(device=cost.device)
+        stream.wait_stream(torch.cuda.current_stream(cost.device))
+        with torch.cuda.stream(stream):
+            _eager_plan(*static, beta, iterations, k)  # warm-up off the capturing stream
+        torch.cuda.current_stream(cost.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            plan = _eager_plan(*static, beta, iterations, k)
+        entry = _GRAPHS[key] = (graph, static, plan)
+        while len(_GRAPHS) > _MAX_GRAPHS:
+            _GRAPHS.popitem(last=False)
+    _GRAPHS.move_to_end(key)
+    graph, static, plan = entry
+    for dst, src in zip(static, inputs):
+        dst.copy_(src)
+    graph.replay()
+    return plan[:b, :m, :n].clone()
+
+
+@torch.no_grad()
+def _eager_plan(cost: Tensor, x_mask: Tensor, y_mask: Tensor, joint: Tensor, beta: float, iterations: int,
+                k: int) -> Tensor:
     with _fp32(cost.device):
         cost = cost.detach().float().masked_fill(~joint, float("inf"))
         # The plan is invariant to a per-sample constant in the cost; shifting the minimum to 0 keeps

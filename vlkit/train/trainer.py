@@ -25,10 +25,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from vlkit.models.layers import compile_blocks, set_activation_checkpointing
 from vlkit.train import checkpoint as ckpt
 from vlkit.train.distributed import BATCHING, batch_units, build_train_loader, shard_batch
 from vlkit.train.logging import JSONLTracker, flatten, progress, resolve_trackers, truncate_jsonl
-from vlkit.train.optim import NO_DECAY_RULES, SCHEDULES, build_optimizer, build_scheduler, warmup_steps
+from vlkit.train.optim import (ADAMW_IMPLS, ADAMW_RULES, NO_DECAY_RULES, SCHEDULES, build_optimizer, build_scheduler,
+                               warmup_steps)
 from vlkit.types import LossOutput, VLBatch
 
 MIXED_PRECISION = ("no", "bf16", "fp16")
@@ -51,6 +53,8 @@ class TrainerConfig:
     no_decay: str = "bert"  # bert | bert_timm (official name rules) | norms (biases + norm layers)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-8
+    adamw_rule: str = "torch"  # torch (torch.optim.AdamW) | hf (the official codes' update, vlkit.train.HFAdamW)
+    adamw_impl: str = "fused"  # fused | foreach | loop
     # schedule: linear warm-up, then linear | polynomial (power, down to end_lr) | constant
     warmup: float = 0.1  # fraction of max_steps when < 1, else steps
     schedule: str = "linear"
@@ -61,6 +65,8 @@ class TrainerConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 disables
     grad_accum: int = 1
     mixed_precision: str = "no"  # no | bf16 | fp16
+    activation_checkpointing: bool = False  # recompute each transformer block in the backward pass (less memory)
+    compile: bool = False  # torch.compile each transformer block (regional compilation)
     cpu: bool = False
     # data (Trainer.loader)
     batching: str = "fixed"  # fixed | units (UNITER's token buckets: tokens + regions/patches)
@@ -84,7 +90,8 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         for name, allowed in (("no_decay", NO_DECAY_RULES), ("schedule", SCHEDULES),
-                              ("mixed_precision", MIXED_PRECISION), ("batching", BATCHING)):
+                              ("mixed_precision", MIXED_PRECISION), ("batching", BATCHING),
+                              ("adamw_rule", ADAMW_RULES), ("adamw_impl", ADAMW_IMPLS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"trainer.{name}={getattr(self, name)!r}; choose one of {', '.join(allowed)}")
         for name in ("max_steps", "grad_accum", "log_every", "batch_size", "max_units"):
@@ -268,9 +275,13 @@ class Trainer:
         self._check_output_dir()
         set_seed(cfg.seed, device_specific=True)
         optimizer = build_optimizer(self.module, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay, cfg.lr_mult,
-                                    cfg.lr_mult_head, cfg.no_decay)
+                                    cfg.lr_mult_head, cfg.no_decay, cfg.adamw_rule, cfg.adamw_impl)
         scheduler = build_scheduler(optimizer, cfg.max_steps, cfg.warmup, cfg.schedule, cfg.power, cfg.end_lr,
                                     cfg.schedule_offset)
+        if cfg.activation_checkpointing:
+            set_activation_checkpointing(self.module)
+        if cfg.compile:
+            compile_blocks(self.module)
         model, optimizer = acc.prepare(self.module, optimizer)
         self._model = model
         step, epoch, consumed, restored = 0, 0, 0, None

@@ -119,14 +119,30 @@ def _norm(kind: str, channels: int) -> nn.Module:
 
 
 class ConvNorm(nn.Conv2d):
-    """A bias-free conv carrying its norm (detectron2's key layout: ``conv.weight``, ``conv.norm.*``)."""
+    """A bias-free conv carrying its norm (detectron2's key layout: ``conv.weight``, ``conv.norm.*``).
+
+    At inference (eval mode, frozen or eval-mode batch norm) the norm is folded into the convolution: one
+    conv with ``weight * scale`` and bias ``shift`` instead of a conv and a pass over its output; the folded
+    weight takes the input's memory format (channels-last inputs run oneDNN's NHWC kernels)."""
 
     def __init__(self, cin: int, cout: int, k: int, stride: int = 1, dilation: int = 1, norm: str = "bn"):
         super().__init__(cin, cout, k, stride=stride, padding=dilation * (k // 2), dilation=dilation, bias=False)
         self.norm = _norm(norm, cout)
 
+    def folded(self) -> tuple[Tensor, Tensor]:
+        """(weight, bias) of the conv with its norm folded in (eval-mode statistics)."""
+        n = self.norm
+        scale = n.weight * (n.running_var + n.eps).rsqrt()
+        return self.weight * scale.view(-1, 1, 1, 1), n.bias - n.running_mean * scale
+
     def forward(self, x: Tensor) -> Tensor:
-        return self.norm(super().forward(x))
+        if self.training or self.norm.training or not hasattr(self.norm, "running_var") or \
+                self.norm.running_var is None:
+            return self.norm(super().forward(x))
+        weight, bias = self.folded()
+        if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+            weight = weight.contiguous(memory_format=torch.channels_last)
+        return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 
 
 class Bottleneck(nn.Module):
@@ -275,8 +291,13 @@ class RoIHeads(nn.Module):
         self.box_predictor = BoxPredictor(cfg)
 
     def pooled_features(self, feats: Tensor, rois: list[Tensor]) -> Tensor:
-        """RoIPool on the C4 map, res5, mean pooling: [sum(len(rois)), feature_dim]."""
-        x = roi_pool(feats, rois, self.cfg.pooler_resolution, 1.0 / self.cfg.feature_stride)
+        """RoIPool on the C4 map, res5, mean pooling: [sum(len(rois)), feature_dim]; the RoIs of every
+        image run through res5 together, in chunks of ``roi_chunk``, in the memory format of ``feats``."""
+        # torchvision's RoIPool has no bfloat16 kernel: pool a bf16 (autocast) map in fp32
+        pool_in = feats.float() if feats.dtype == torch.bfloat16 else feats
+        x = roi_pool(pool_in, rois, self.cfg.pooler_resolution, 1.0 / self.cfg.feature_stride)
+        if feats.is_contiguous(memory_format=torch.channels_last) and not feats.is_contiguous():
+            x = x.contiguous(memory_format=torch.channels_last)
         if self.training or x.shape[0] <= self.roi_chunk:
             return self.res5(x).mean(dim=(2, 3))
         return torch.cat([self.res5(c).mean(dim=(2, 3)) for c in x.split(self.roi_chunk)])
@@ -304,9 +325,16 @@ class BottomUpDetector(nn.Module):
         self.register_buffer("pixel_std", torch.tensor(cfg.pixel_std).view(1, 3, 1, 1), persistent=False)
         self.provenance: dict[str, Any] = {"detector": cfg.name, "weights": "random-init", "weights_sha256": ""}
 
+    # inference runs channels-last (NHWC): oneDNN's and cuDNN's fast convolution layout; False: NCHW
+    channels_last = True
+
     @property
     def device(self) -> torch.device:
         return self.pixel_mean.device
+
+    def layout(self, x: Tensor) -> Tensor:
+        """The network input in the inference memory format (`channels_last`)."""
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last and not self.training else x
 
     # ----------------------------------------------------------------- preprocessing
     def resize_scale(self, h: int, w: int) -> float:
@@ -352,7 +380,7 @@ class BottomUpDetector(nn.Module):
         ``given_boxes`` (one [N, 4] array of original-pixel xyxy boxes per image) replaces the proposals.
         """
         prep = self.prepare(images)
-        feats = self.backbone(prep.tensor)
+        feats = self.backbone(self.layout(prep.tensor))
         if given_boxes is None:
             logits, deltas, anchors = self.rpn_outputs(feats)
             rois = self.proposals(prep, logits.sigmoid(), deltas, anchors)
@@ -364,7 +392,8 @@ class BottomUpDetector(nn.Module):
                 for b, s in zip(given_boxes, prep.scales)
             ]
         pooled = self.roi_heads.pooled_features(feats, rois)
-        logits, deltas, attr = self.roi_heads.box_predictor(pooled)
+        logits, deltas, attr = (t.float() for t in self.roi_heads.box_predictor(pooled))
+        pooled = pooled.float()
         out, start = [], 0
         for r, s in zip(rois, prep.scales):
             sl = slice(start, start + len(r))
@@ -378,7 +407,7 @@ class BottomUpDetector(nn.Module):
         return out
 
     def rpn_outputs(self, feats: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        logits, deltas = self.proposal_generator.rpn_head(feats)
+        logits, deltas = (t.float() for t in self.proposal_generator.rpn_head(feats))  # boxes in fp32 under autocast
         anchors = grid_anchors(self.proposal_generator.cell_anchors, feats.shape[2], feats.shape[3], self.cfg.feature_stride)
         return logits, deltas, anchors
 
