@@ -96,6 +96,7 @@ class Comparison:
         self.curves: dict[str, list[dict[str, Any]]] = {}
         self._environments: dict[str, pipeline.Environment] = {}
         self._eval_pairs: dict[str, Any] = {}
+        self._task_data: dict[str, Any] = {}
 
     # -- helpers ---------------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -233,6 +234,7 @@ class Comparison:
         if "retrieval" in self.compare["tasks"] and self.compare.get("zero_shot", True) and "itm" in pre.objectives:
             out["metrics"].update(self._zero_shot(env, pre, spec))
         out["wall_s"] = time.perf_counter() - start
+        out["stats"]["pretrain_eval_wall_s"] = out["wall_s"] - wall  # held-out ITM and zero-shot retrieval
         return out
 
     def eval_pairs(self, spec: RunSpec) -> Any:
@@ -244,6 +246,17 @@ class Comparison:
 
             self._eval_pairs[key] = DATASETS.get(env.data["name"])({**env.data, "split": self.compare.get("eval_split", "val")})
         return self._eval_pairs[key]
+
+    def task_data(self, env: pipeline.Environment, task_cfg: dict[str, Any]) -> Any:
+        """A task's data on ``env``, built once per process and shared by its fine-tunings (read-only: every
+        random choice comes from the unit's seed)."""
+        from vlkit.registry import TASKS
+
+        key = json.dumps([id(env), task_cfg], sort_keys=True, default=str)
+        if key not in self._task_data:
+            self._task_data[key] = TASKS.get(task_cfg["name"]).build_data(task_cfg, env.tokenizer, env.image_source,
+                                                                           env.world)
+        return self._task_data[key]
 
     def finetune_unit(self, index: int, seed: int, variant: str, task: str) -> dict[str, Any]:
         """Fine-tune the pre-trained (``variant="pretrained"``) or freshly initialised model on ``task``."""
@@ -258,12 +271,14 @@ class Comparison:
         out_dir = self.output_dir / "runs" / spec.name / f"seed{seed}" / f"{variant}-{task}"
         seen: list[str] = []
         start = time.perf_counter()
-        module, data, _, raw = pipeline.finetune_task(env, model, self.task_cfg(task, spec),
+        task_cfg = self.task_cfg(task, spec)
+        module, data, _, raw = pipeline.finetune_task(env, model, task_cfg,
                                                       self.trainer_cfg("finetune", steps,
                                                                        (self.compare["trainer"].get("tasks") or {}).get(task)),
-                                                      out_dir, seed, (self.compare.get("eval_split", "val"),), seen)
+                                                      out_dir, seed, (self.compare.get("eval_split", "val"),), seen,
+                                                      data=self.task_data(env, task_cfg))
         metrics = {_metric_name(task, k.split("/", 1)[1]): v for k, v in raw.items()}
-        out = {"wall_s": time.perf_counter() - start, "metrics": metrics, "params": _parameters(module.model),
+        out = {"wall_s": time.perf_counter() - start, "task": task, "metrics": metrics, "params": _parameters(module.model),
                "finetune_ids": {str(out_dir.relative_to(self.output_dir)): digest(seen)},
                "data": {task: digest(_dataset_keys(data.train))}}
         if task == "vqa":
@@ -292,16 +307,16 @@ class Comparison:
                         for key in ("params", "latency_ms"):
                             if key in part:
                                 record[key] = part[key]
+                    record.update({f"{p['task']}_wall_s": p["wall_s"] for p in parts if "task" in p})
                     record["wall_s"] = sum(p["wall_s"] for p in parts)
                     record["meta_sum"] = _meta_sum(record)
                     self.records.append(record)
 
     def _zero_shot(self, env, pre: Any, spec: RunSpec) -> dict[str, float]:
-        from vlkit.registry import TASKS
         from vlkit.tasks import build_task
 
         task_cfg = self.task_cfg("retrieval", spec)
-        data = TASKS.get("retrieval").build_data(task_cfg, env.tokenizer, env.image_source, env.world)
+        data = self.task_data(env, task_cfg)
         options = {k: v for k, v in (task_cfg.get("options") or {}).items() if k in ("eval_mode", "rerank_k", "prerank_ridge")}
         task = build_task("retrieval", pre, scorer="itm", **options, **data.options)
         raw = task.evaluate(data.eval[self.compare.get("eval_split", "val")], batch_size=task_cfg.get("eval_batch_size", 64))

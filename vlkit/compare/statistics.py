@@ -13,7 +13,12 @@ COSTS = ("params", "train_samples_per_s", "latency_ms", "wall_s")
 CHANCE_KEYS = {"vqa": "vqa_majority_baseline", "refexp": "refexp_random_box", "nlvr2": "nlvr2_majority_baseline",
                "snli_ve": "snli_ve_majority_baseline", "ir_r1": "ir_r1_chance", "tr_r1": "tr_r1_chance",
                "zs_ir_r1": "zs_ir_r1_chance", "zs_tr_r1": "zs_tr_r1_chance", "itm_acc": "itm_acc_chance"}
-BOOKKEEPING = {"seed", "pretrain_wall_s", "refexp_upper_bound", *COSTS, *CHANCE_KEYS.values()}
+BOOKKEEPING = {"seed", "refexp_upper_bound", *COSTS, *CHANCE_KEYS.values()}
+
+
+def is_bookkeeping(key: str) -> bool:
+    """A record key that is no metric: seeds, costs, chance levels, per-stage wall times (``*_wall_s``)."""
+    return key in BOOKKEEPING or key.endswith("_wall_s")
 ALPHA = 0.05
 POWER = 0.8
 
@@ -90,8 +95,8 @@ def min_detectable_effect(sd: float, n: int, alpha: float = ALPHA, power: float 
 
 def metric_columns(records: list[dict[str, Any]]) -> list[str]:
     """Every numeric field of the records but bookkeeping and chance levels, headline metrics first."""
-    numeric = {k for r in records for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    numeric -= BOOKKEEPING
+    numeric = {k for r in records for k, v in r.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool) and not is_bookkeeping(k)}
     head = [k for k in HEADLINE if k in numeric]
     return head + sorted(numeric - set(head))
 

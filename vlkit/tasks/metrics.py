@@ -4,6 +4,7 @@ Aggregate metrics are fractions in [0, 1]; ``meta_sum`` turns them into UNITER's
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Mapping, Sequence
 
@@ -76,6 +77,7 @@ def _process_digit_article(text: str) -> str:
     return " ".join(_CONTRACTIONS.get(w, w) for w in words if w not in _ARTICLES)
 
 
+@functools.lru_cache(maxsize=1 << 16)  # answers repeat: each is normalised once
 def normalize_answer(answer: str) -> str:
     """The official VQA answer normalisation: punctuation, periods, lower case, number words -> digits,
     articles dropped, contractions restored (``"Two dogs."`` -> ``"2 dogs"``, ``"1,000"`` -> ``"1000"``)."""

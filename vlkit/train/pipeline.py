@@ -290,11 +290,12 @@ def pretrain_model(env: Environment, model: VLModel, mix: Any, trainer_cfg: Any,
 
 def finetune_task(env: Environment, model: Any, task_cfg: Mapping[str, Any], trainer_cfg: Any,
                   output_dir: str | Path, seed: int = 0, eval_splits: tuple[str, ...] = ("val",),
-                  seen: list[str] | None = None, preflight: Any = None):
+                  seen: list[str] | None = None, preflight: Any = None, data: Any = None):
     """Fine-tune on the task of ``task_cfg`` and evaluate on ``eval_splits``.
 
     ``model`` is a `VLModel`, or a `Pretraining` module whose heads a task may start from (retrieval
-    initialises its rank head from the ITM head); other tasks take its model. Returns
+    initialises its rank head from the ITM head); other tasks take its model. ``data``: the task's data
+    (``build_data`` of its class, read-only, so several fine-tunings may share it), else built here. Returns
     ``(task, data, result, metrics)`` with ``metrics`` as ``<split>/<metric>``.
     """
     from vlkit.objectives import Pretraining
@@ -307,7 +308,8 @@ def finetune_task(env: Environment, model: Any, task_cfg: Mapping[str, Any], tra
     check = preflight or Preflight()
     check.check_output_dir(output_dir, _resume(trainer_cfg))
     check.check_task(cls, model)
-    data = cls.build_data(task_cfg, env.tokenizer, env.image_source, env.world)
+    if data is None:
+        data = cls.build_data(task_cfg, env.tokenizer, env.image_source, env.world)
     check_task_data(check, name, data, model, eval_splits)
     check.finish(output_dir)
     options = {**data.options, **(task_cfg.get("options") or {})}
