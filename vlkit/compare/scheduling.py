@@ -161,8 +161,13 @@ class Comparison:
         processes of ``threads`` torch threads. Every unit seeds itself and a fine-tuning starts from
         the pre-training saved on disk, so the numbers do not depend on how units are scheduled. Only
         this process prints: one line per finished unit with the count, elapsed time and an ETA."""
-        for spec in self.specs:  # extract shared features once, before any worker starts
-            self.environment(spec)
+        previous = torch.get_num_threads()
+        torch.set_num_threads(workers * threads)  # no worker runs yet: the feature extraction takes their cores
+        try:
+            for spec in self.specs:  # extract shared features once, before any worker starts
+                self.environment(spec)
+        finally:
+            torch.set_num_threads(previous)
         units = self.all_units()
         pretrain = [u for u in units if len(u) == 2]
         scratch = [u for u in units if len(u) == 4 and u[2] == "scratch"]
