@@ -44,6 +44,10 @@ def test_outputs_are_complete(smoke):
     assert all(0.0 <= r["itm_acc"] <= 1.0 and r["objectives"].endswith("+itc") for r in pretrained)
     assert {r["family"] for r in records if "refexp" in r} == {"vilbert", "uniter"}  # METER: no region head
     assert all("zs_ir_r1" in r for r in records if r["variant"] == "pretrained")
+    for r in records:  # where the time went: each fine-tuning, and the evaluation after pre-training
+        stages = [r[f"{task}_wall_s"] for task in ("vqa", "retrieval", "nlvr2")]
+        stages += [r["pretrain_wall_s"], r["pretrain_eval_wall_s"]] if r["variant"] == "pretrained" else []
+        assert all(s > 0 for s in stages) and sum(stages) <= r["wall_s"] + 1e-6
     with open(out / "results.csv") as f:
         assert len(list(csv.DictReader(f))) == len(records)
     table = (out / "results.md").read_text()
