@@ -31,3 +31,19 @@ def build_tiny():
         return vlkit.build_model(family, preset="tiny", **overrides).eval()
 
     return make
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A feature cache shared by a module's command tests (the shapes store is extracted once)."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture
+def command_args():
+    """``command_args(cache, out, steps=3)``: the overrides of a tiny, quick `vlkit pretrain` / `finetune`."""
+    def args(cache, out, steps=3):
+        return [f"cache_dir={cache}", "data.num_images=30", "model.preset=tiny", f"trainer.output_dir={out}",
+                f"trainer.max_steps={steps}", "trainer.batch_size=4", "trainer.warmup=1", "trainer.progress=false",
+                "trainer.trackers=[]", "trainer.lr=1e-3"]
+    return args

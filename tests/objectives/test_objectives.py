@@ -20,6 +20,14 @@ COMPATIBLE = {
 VIEW_OF = {"mlm": "text", "mrfr": "regions", "mrc": "regions", "mrc_kl": "regions", "mim": "patches"}
 
 
+def _assert_same_loss_and_gradients(first, second):
+    """Two (loss, gradients) results of the same step: equal loss, gradients within 1e-5 of their scale."""
+    torch.testing.assert_close(first[0], second[0], rtol=0, atol=1e-6)
+    assert len(first[1]) == len(second[1])
+    for a, b in zip(first[1], second[1]):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max().clamp(min=1.0)
+
+
 def test_objectives_are_registered():
     assert set(COMPATIBLE) <= set(vlkit.list_objectives())
 
@@ -270,10 +278,7 @@ def test_joint_only_passes_fuse_pooled_positions_only(build_tiny, family, mix):
             out = pre(batch, step=0)
         out.loss.backward()
         results.append((out.loss.detach(), [p.grad.clone() for p in pre.parameters() if p.grad is not None]))
-    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=1e-6)
-    assert len(results[0][1]) == len(results[1][1])
-    for a, b in zip(results[0][1], results[1][1]):
-        assert (a - b).abs().max() <= 1e-5 * b.abs().max().clamp(min=1.0)
+    _assert_same_loss_and_gradients(*results)
 
 
 @pytest.mark.parametrize("family,mix,steps", [
@@ -300,10 +305,7 @@ def test_last_layers_at_the_read_positions_keep_loss_and_gradients(build_tiny, f
                 out = pre(batch, step=step)
             out.loss.backward()
             results.append((out.loss.detach(), [p.grad.clone() for p in pre.parameters() if p.grad is not None]))
-        torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=1e-6)
-        assert len(results[0][1]) == len(results[1][1])
-        for a, b in zip(results[0][1], results[1][1]):
-            assert (a - b).abs().max() <= 1e-5 * b.abs().max().clamp(min=1.0)
+        _assert_same_loss_and_gradients(*results)
     assert any("keep_rows" in c for c in calls)  # the pruned path ran
 
 

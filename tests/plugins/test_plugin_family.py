@@ -43,17 +43,6 @@ def plugin(tmp_path_factory):
     sys.modules.pop("vlkit_vilt", None)
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
-
-
-def _common(cache, out, steps=3):
-    return [f"cache_dir={cache}", "data.num_images=30", "model.preset=tiny", f"trainer.output_dir={out}",
-            f"trainer.max_steps={steps}", "trainer.batch_size=4", "trainer.warmup=1", "trainer.progress=false",
-            "trainer.trackers=[]", "trainer.lr=1e-3"]
-
-
 def test_the_family_joins_every_registry(plugin, tmp_path):
     assert "vilt" in vlkit.list_models() and "vilt/tiny" in vlkit.list_models(presets=True)
     assert sys.modules["vlkit_vilt"].__file__.startswith(str(plugin))  # the installed copy, not the source
@@ -75,20 +64,20 @@ def test_the_family_joins_every_registry(plugin, tmp_path):
         vlkit.build_task("refexp", model)
 
 
-def test_pretrain_then_every_task_through_the_commands(plugin, cache, tmp_path):
+def test_pretrain_then_every_task_through_the_commands(command_args, plugin, cache, tmp_path):
     pre = tmp_path / "pre"
-    assert main(["pretrain", "model=vilt", *_common(cache, pre)]) == 0
+    assert main(["pretrain", "model=vilt", *command_args(cache, pre)]) == 0
     run = json.loads((pre / "run.json").read_text())
     assert run["family"] == "vilt" and set(run["objectives"]["objectives"]) == {"mlm", "itm"}
     for task in ("vqa", "retrieval", "nlvr2", "snli_ve"):
         ft = tmp_path / task
-        assert main(["finetune", f"task={task}", "model=vilt", f"init={pre}", *_common(cache, ft)]) == 0
+        assert main(["finetune", f"task={task}", "model=vilt", f"init={pre}", *command_args(cache, ft)]) == 0
         metrics = json.loads((ft / "run.json").read_text())["metrics"]
         assert metrics and all(0.0 <= v <= 1.0 for k, v in metrics.items() if not k.endswith("/n")), (task, metrics)
         assert main(["evaluate", f"checkpoint={ft}", f"cache_dir={cache}"]) == 0
         assert json.loads((ft / "eval.json").read_text()) == metrics
     with pytest.raises(vlkit.IncompatibleTask, match="takes pixels"):
-        main(["finetune", "task=refexp", "model=vilt", f"init={pre}", *_common(cache, tmp_path / "refexp")])
+        main(["finetune", "task=refexp", "model=vilt", f"init={pre}", *command_args(cache, tmp_path / "refexp")])
     zero_shot = tmp_path / "zs.json"
     assert main(["evaluate", f"checkpoint={pre}", "task=retrieval", f"cache_dir={cache}", f"output={zero_shot}"]) == 0
     assert "val/ir_r1" in json.loads(zero_shot.read_text())

@@ -304,14 +304,27 @@ def test_meter_recipe_adds_the_frozen_itm_loss(world, tok, build_tiny):
     assert all(p.grad is None for p in itm.parameters())
 
 
+def test_a_mix_without_itm_fine_tunes_a_fresh_rank_head(world, tok, build_tiny):
+    """UNITER Table 2's MLM-only row: retrieval starts from the model with a freshly initialised head."""
+    model = build_tiny("uniter")
+    fresh = Retrieval(model, num_negatives=3)
+    task = Retrieval(build_pretraining(model, {"objectives": {"mlm": {}}}), num_negatives=3)
+    assert task.itm is None and task.model is model
+    torch.testing.assert_close(task.head.weight.abs().mean(), fresh.head.weight.abs().mean(), rtol=0.5, atol=0)
+    out = task(train_batch("uniter", world, tok))
+    out.loss.backward()
+    assert task.head.weight.grad is not None and torch.isfinite(out.loss)
+
+
 def test_errors(world, tok, build_tiny):
     model = build_tiny("uniter")
     with pytest.raises(ValueError, match="zero-shot"):
         Retrieval(model, scorer="itm")
     with pytest.raises(ValueError, match="recipe"):
         Retrieval(model, recipe="clip")
-    with pytest.raises(KeyError, match="no 'itm'"):
-        Retrieval(build_pretraining(model, {"objectives": {"mlm": {}}}))
+    mlm_only = build_pretraining(model, {"objectives": {"mlm": {}}})
+    with pytest.raises(ValueError, match="zero-shot"):  # nothing to score with before fine-tuning
+        Retrieval(mlm_only, scorer="itm")
     task = Retrieval(model)
     batch = small_set("uniter", world, tok).pair_batch([1, 1, 1], [2, 3, 2])
     with pytest.raises(ValueError, match="two different images"):

@@ -261,7 +261,7 @@ class Retrieval(Task):
     is initialised from the ITM head's "matched" row when ``itm`` is given and the head says so (UNITER
     ``init_output``, METER ``itm_score.fc.weight[1:]``; ``init_from_itm`` overrides).
 
-    ``model`` may be a `vlkit.objectives.Pretraining`: its model and ``objectives["itm"]`` are used.
+    ``model`` may be a `vlkit.objectives.Pretraining`: its model and ``objectives["itm"]`` (if any) are used.
     ``scorer="itm"`` scores pairs with the ITM head's P(matched) (zero-shot), ``"rank"`` with the
     fine-tuned head. ``prerank_data`` (a training `RetrievalSet`) is what `fit_prerank` learns from when
     a ``rerank`` evaluation needs it. ``task_id``: the model's task input (ViLBERT's task token; default
@@ -280,11 +280,9 @@ class Retrieval(Task):
         from vlkit.objectives.mix import Pretraining
 
         if isinstance(model, Pretraining):
-            if itm is None:
-                if "itm" not in model.objectives:
-                    raise KeyError(f"retrieval: the Pretraining module has no 'itm' objective (it has "
-                                   f"{', '.join(model.objectives)}); pass itm= or add itm to the mix")
-                itm = model.objectives["itm"]
+            # a mix without ITM (e.g. MLM alone): the rank head starts fresh, as the official code does
+            # when the checkpoint holds no ITM weights to copy
+            itm = (model.objectives["itm"] if "itm" in model.objectives else None) if itm is None else itm
             model = model.model
         if not isinstance(model, VLModel):
             raise TypeError(f"retrieval: expected a VLModel or a Pretraining module, got {type(model).__name__}")
