@@ -216,8 +216,17 @@ class RecordingLoader:
     def __init__(self, loader: Any, seen: list[str]):
         self.loader, self.seen = loader, seen
 
+    @property
+    def dataset(self) -> Any:
+        return self.loader.dataset
+
+    @property
+    def num_workers(self) -> int:
+        return self.loader.num_workers
+
     def set_epoch(self, epoch: int) -> None:
-        self.loader.batch_sampler.set_epoch(epoch)
+        if hasattr(self.loader.batch_sampler, "set_epoch"):
+            self.loader.batch_sampler.set_epoch(epoch)
 
     def __iter__(self):
         for batch in self.loader:
