@@ -70,3 +70,31 @@ def test_interrupted_and_resumed_stream_equals_uninterrupted(data, tmp_path, tin
     resumed = _run(data, tmp_path / "cut", tiny, resume=True)
     assert [r["step"] for r in resumed.history] == list(range(9, STEPS + 1))
     assert tiny.losses(resumed) == tiny.losses(full)[8:]  # bit-equal on the CPU
+
+
+def _cli_args(out, steps=2):
+    return [f"trainer.output_dir={out}", f"trainer.max_steps={steps}", "trainer.batch_size=4", "trainer.warmup=0",
+            "trainer.progress=false", "trainer.trackers=[]", "model.preset=tiny", "data.buffer_size=8"]
+
+
+@pytest.mark.parametrize("family", ["uniter", "meter"])
+def test_vlkit_pretrain_data_shards(data, tmp_path, family, tmp_path_factory):
+    """``vlkit pretrain data=shards``: regions from a feature store (UNITER), pixels from the shards (METER)."""
+    from vlkit.cli import main
+    from vlkit.train import read_metrics
+
+    root, _ = data
+    if family == "uniter":
+        image = ["data.image.source=features", f"data.image.path={root / 'f.h5'}", "data.image.num_bb=6",
+                 "objectives=uniter_mlm_itm"]
+        shards = root / "pairs"
+    else:
+        world = ShapesWorld(seed=3, num_images=10, image_size=64, val_images=0, test_images=0)
+        shards = write_shards(shapes_records(world), tmp_path / "pixels", shard_size=10, row_group_size=5,
+                              image_bytes=lambda i: world.png_bytes(world.index_of(i)))
+        image = []
+    out = tmp_path / "run"
+    assert main(["pretrain", f"model={family}", "data=shards", f"data.path={shards}", *image, *_cli_args(out)]) == 0
+    assert [r["step"] for r in read_metrics(out)] == [1, 2]
+    state = json.loads(next((out / "checkpoints").glob("step_2")).joinpath("trainer_state.json").read_text())
+    assert state["stream"]["batches"] == 2 and state["stream"]["rows"] == 50

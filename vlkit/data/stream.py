@@ -31,8 +31,9 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from vlkit.data.pairs import IMAGE_ERRORS, VLCollator, _to_tensor
+from vlkit.data.pairs import IMAGE_ERRORS, VLCollator, _to_tensor, build_image_source, build_tokenizer
 from vlkit.data.shards import ShardError, read_manifest
+from vlkit.registry import register_dataset
 from vlkit.validate import SkipLog, check_on_error, decode_image
 
 
@@ -223,4 +224,16 @@ class StreamedPairs(torch.utils.data.IterableDataset):
         return VLCollator(pad_token_id=self.tokenizer.pad_token_id or 0, **kwargs)
 
 
-__all__ = ["StreamedPairs", "shuffled"]
+@register_dataset("shards")
+def shards_pairs(cfg: Any) -> StreamedPairs:
+    """``data=shards``: the pairs of a `vlkit make-shards` directory (``cfg.path``) as a stream; images from its
+    bytes (``image.source=shards``, pixel families) or from a feature store (``image.source=features``)."""
+    source = build_image_source(cfg.get("image", {}), None, cfg.get("on_error") or "raise")
+    regions = cfg.get("image", {}).get("source") == "features"
+    return StreamedPairs(cfg["path"], build_tokenizer(cfg.get("tokenizer", "shapes")), source if regions else None,
+                         max_len=cfg.get("max_len", 62), buffer_size=cfg.get("buffer_size", 1000),
+                         transform=None if regions else source.transform,
+                         patch_size=getattr(source, "patch_size", 16), on_error=cfg.get("on_error") or "raise")
+
+
+__all__ = ["StreamedPairs", "shards_pairs", "shuffled"]
