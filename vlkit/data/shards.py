@@ -120,6 +120,14 @@ def shapes_records(world: Any, splits: Iterable[str] = ("train",)) -> Iterator[d
                 yield {"id": f"{i}#{k}", "image_id": world.image_id(i), "caption": caption}
 
 
+def shapes_png(world: Any) -> Callable[[str], bytes]:
+    """``image_id`` -> the PNG bytes of the shapes world's image (the last few encoded once: an image's
+    captions come one after the other)."""
+    from functools import lru_cache
+
+    return lru_cache(maxsize=8)(lambda image_id: world.png_bytes(world.index_of(image_id)))
+
+
 def _folder_bytes(folder: str | os.PathLike) -> Callable[[str], bytes]:
     from vlkit.data.pairs import FolderImages
 
@@ -147,7 +155,7 @@ def make_shards_main(cfg: Any) -> int:
         split = cfg.get("split") or "train"
         records = shapes_records(world, [split] if isinstance(split, str) else list(split))
         if cfg.get("pixels", True) and image_bytes is None:
-            image_bytes = lambda image_id: world.png_bytes(world.index_of(image_id))  # noqa: E731
+            image_bytes = shapes_png(world)
     elif source == "jsonl":
         records = formats.read_caption_jsonl(cfg.path)
     elif source == "cc":
@@ -164,4 +172,5 @@ def make_shards_main(cfg: Any) -> int:
     return 0
 
 
-__all__ = ["MANIFEST", "ShardError", "make_shards_main", "read_manifest", "shapes_records", "write_shards"]
+__all__ = ["MANIFEST", "ShardError", "make_shards_main", "read_manifest", "shapes_png", "shapes_records",
+           "write_shards"]
