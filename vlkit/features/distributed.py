@@ -151,6 +151,7 @@ def distributed_extraction(images: Sequence[tuple[str, Any]], out: str | os.Path
     rank, world = state.process_index, state.num_processes
     Path(out).mkdir(parents=True, exist_ok=True)
     bar = SharedProgress(out, rank, world, len(images), enabled=progress)
+    state.wait_for_everyone()  # every rank has reset its progress record (a killed run may have left them)
     extract_rank(images, out, rank, world, bar=bar, device=device, **kwargs)
     if rank == 0:
         stats = bar.wait_all()
