@@ -41,7 +41,9 @@ COMMANDS = {
     "evaluate": ("vlkit.train.commands:evaluate", "evaluate a checkpoint on a downstream task"),
     "extract-features": ("vlkit.features.commands:extract_features", "extract region features into an h5 store"),
     "import-features": ("vlkit.features.commands:import_features", "import region features from TSV / npz formats"),
+    "merge-features": ("vlkit.features.shards:merge_features", "index a sharded feature store, or join its shards"),
     "make-shapes": ("vlkit.data.shapes:make_shapes_main", "write the embedded shapes world to disk"),
+    "make-shards": ("vlkit.data.shards:make_shards_main", "write image-text pairs as Parquet shards to stream"),
     "convert": ("vlkit.convert.commands:convert", "convert a released ViLBERT / UNITER / METER checkpoint"),
 }
 GROUPS = ("model", "objectives", "data", "task", "trainer", "compare")  # config groups of the commands

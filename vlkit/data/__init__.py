@@ -5,9 +5,10 @@ from vlkit.data.formats import FormatError
 from vlkit.data.pairs import (FolderImages, ImageTextPairs, PixelSource, RegionSource, VLCollator,
                               build_image_source, build_pairs, build_tokenizer)
 from vlkit.data.shapes import ShapesWorld, shapes_tokenizer, write_shapes
+from vlkit.data.stream import StreamedPairs
 
 __all__ = [
     "FixedSizeBatchSampler", "TokenBucketSampler", "padded_units", "padding_fraction", "FormatError",
     "FolderImages", "ImageTextPairs", "PixelSource", "RegionSource", "VLCollator", "build_image_source",
-    "build_pairs", "build_tokenizer", "ShapesWorld", "shapes_tokenizer", "write_shapes",
+    "build_pairs", "build_tokenizer", "ShapesWorld", "shapes_tokenizer", "write_shapes", "StreamedPairs",
 ]

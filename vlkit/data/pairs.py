@@ -477,7 +477,14 @@ def _image_source(cfg: Mapping[str, Any], world: Any = None):
         if world is None:
             raise ValueError("data.image.source=shapes only works with data=shapes")
         return PixelSource(world.load_image, transform, cfg.get("patch_size") or 16)
-    raise ValueError(f"unknown data.image.source {kind!r}; use features, folder or shapes")
+    if kind == "shards":  # the image bytes come with each streamed row (vlkit.data.stream), not by id
+        return PixelSource(_streamed_only, transform, cfg.get("patch_size") or 16)
+    raise ValueError(f"unknown data.image.source {kind!r}; use features, folder, shapes or shards")
+
+
+def _streamed_only(image_id: str):
+    raise KeyError(f"image {image_id!r}: with data.image.source=shards images come with the streamed rows of "
+                   "data=shards; they cannot be loaded by id")
 
 
 def build_pairs(cfg: Mapping[str, Any], records: Iterable[dict], world: Any = None) -> ImageTextPairs:

@@ -11,6 +11,7 @@ _EXPORTS = {
     "BottomUpDetector": "detector", "DetectorConfig": "detector", "load_detector": "detector",
     "extract_features": "detector", "butd_select": "detector",
     "FeatureStore": "store", "FeatureStoreWriter": "store", "FeatureStoreError": "store", "Regions": "store",
+    "build_index": "shards", "merge_shards": "shards", "shard_of": "shards",
     "import_features": "importers", "IMPORT_FORMATS": "importers",
     "pixel_transform": "patches", "pixel_values": "patches", "patch_grid": "patches",
 }

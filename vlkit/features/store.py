@@ -375,36 +375,85 @@ def num_boxes(conf: np.ndarray, conf_th: float = 0.2, max_bb: int = 100, min_bb:
 
 
 class FeatureStore:
-    """Read-only access to a feature store; the h5 file is opened lazily once per process, so a
-    store object can be handed to DataLoader workers."""
+    """Read-only access to a feature store: one h5 file, or a sharded store (a directory of shard files
+    with ``index.json``, `vlkit.features.shards`) read exactly like one file. Files are opened lazily once
+    per process, so a store object can be handed to DataLoader workers. Errors name the file (the shard)
+    at fault."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        if not self.path.exists():
-            parts = self.path.with_name(self.path.name + ".parts")
-            hint = f"; an unfinished run left {parts} (run again with resume=true)" if parts.exists() else ""
-            raise FileNotFoundError(f"{self.path}: feature store not found{hint}")
-        with _open_h5(self.path) as f:
-            self._meta = _file_attrs(f, self.path)
-            self._extra = {k: (v.item() if hasattr(v, "item") else v) for k, v in f.attrs.items()
-                           if k not in ("provenance", "schema")}
-        self._file = None
+        self._owner: dict[str, str] | None = None  # sharded: image id -> shard file name
+        if self.path.is_dir():
+            from vlkit.features.shards import read_index
+
+            index = read_index(self.path)
+            self._meta = {k: index[k] for k in ("provenance", "schema", "dtype")}
+            self._owner = {i: s["file"] for s in index["shards"] for i in s["ids"]}
+            self._shard_sizes = {s["file"]: s["num_images"] for s in index["shards"]}
+            self._extra: dict[str, Any] = {"vlkit_format": FORMAT, "dtype": index["dtype"], "sharded": True,
+                                           "num_shards": len(index["shards"]), "num_images": len(self._owner)}
+            if index["shards"]:
+                with _open_h5(self.path / index["shards"][0]["file"]) as f:
+                    self._extra.update({k: (v.item() if hasattr(v, "item") else v) for k, v in f.attrs.items()
+                                        if k in ("box_order", "has_soft_labels", "boxes", "format_version")})
+                self._extra["box_order"] = "descending conf" if "conf" in index["schema"] else "as written"
+                self._extra["has_soft_labels"] = "cls_prob" in index["schema"]
+        else:
+            if not self.path.exists():
+                parts = self.path.with_name(self.path.name + ".parts")
+                hint = f"; an unfinished run left {parts} (run again with resume=true)" if parts.exists() else ""
+                raise FileNotFoundError(f"{self.path}: feature store not found{hint}")
+            with _open_h5(self.path) as f:
+                self._meta = _file_attrs(f, self.path)
+                self._extra = {k: (v.item() if hasattr(v, "item") else v) for k, v in f.attrs.items()
+                               if k not in ("provenance", "schema")}
+        self._files: dict[str, Any] = {}
         self._pid: int | None = None
         self._ids: list[str] | None = None
 
-    def _h5(self):
-        if self._file is None or self._pid != os.getpid():
-            self._file = _open_h5(self.path)
-            self._pid = os.getpid()
-        return self._file
+    def _h5(self, shard: str | None = None):
+        """The open h5 file (of ``shard`` in a sharded store), opened once per process; a shard is checked
+        on first opening against the index (its provenance, schema, dtype and image count)."""
+        if self._pid != os.getpid():
+            self._files, self._pid = {}, os.getpid()
+        name = shard or ""
+        f = self._files.get(name)
+        if f is None:
+            path = self.path / shard if shard else self.path
+            f = _open_h5(path)
+            if shard:
+                self._check_shard(f, path, shard)
+            self._files[name] = f
+        return f
+
+    def _check_shard(self, f, path: Path, shard: str) -> None:
+        attrs = _file_attrs(f, path)
+        diff = _provenance_diff(attrs["provenance"], self._meta["provenance"])
+        diff += ["dtype"] if attrs["dtype"] != self._meta["dtype"] else []
+        diff += ["schema"] if attrs["schema"] and attrs["schema"] != self._meta["schema"] else []
+        diff += ["image count"] if len(f) != self._shard_sizes[shard] else []
+        if diff:
+            f.close()
+            raise FeatureStoreError(f"{path}: differs from the index {self.path / 'index.json'} ({', '.join(diff)}); "
+                                    f"rebuild it with `vlkit merge-features src={self.path}`")
+
+    def _group(self, image_id: str):
+        """(h5 group of ``image_id`` or None, the file that holds it)."""
+        if self._owner is None:
+            return self._h5().get(_key(image_id)), self.path
+        shard = self._owner.get(image_id)
+        if shard is None:
+            return None, self.path
+        return self._h5(shard).get(_key(image_id)), self.path / shard
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_file": None, "_pid": None}
+        return {**self.__dict__, "_files": {}, "_pid": None}
 
     def close(self) -> None:
-        if self._file is not None and self._pid == os.getpid():
-            self._file.close()
-        self._file = None
+        if self._pid == os.getpid():
+            for f in self._files.values():
+                f.close()
+        self._files = {}
 
     def __enter__(self) -> "FeatureStore":
         return self
@@ -435,21 +484,23 @@ class FeatureStore:
 
     def ids(self) -> list[str]:
         if self._ids is None:
-            self._ids = [_unkey(k) for k in self._h5().keys()]
+            self._ids = list(self._owner) if self._owner is not None else [_unkey(k) for k in self._h5().keys()]
         return list(self._ids)
 
     def __contains__(self, image_id: object) -> bool:
+        if self._owner is not None:
+            return str(image_id) in self._owner
         return _key(str(image_id)) in self._h5()
 
     def __len__(self) -> int:
-        return len(self._h5())
+        return len(self._owner) if self._owner is not None else len(self._h5())
 
     def load(
         self, image_id: str, num_bb: int | None = None, conf_th: float = 0.2, max_bb: int = 100, min_bb: int = 10
     ) -> Regions:
         """Regions of ``image_id``: the first ``num_bb`` rows, or the UNITER adaptive count."""
         image_id = str(image_id)
-        g = self._h5().get(_key(image_id))
+        g, path = self._group(image_id)
         if g is None:
             raise KeyError(f"{self.path}: image id {image_id!r} not in the store")
         try:
@@ -460,24 +511,24 @@ class FeatureStore:
                 n = num_boxes(g["conf"][()], conf_th, max_bb, min_bb)
             else:
                 raise FeatureStoreError(
-                    f"{self.path}: image {image_id!r} has no 'conf' for adaptive box counts; pass num_bb"
+                    f"{path}: image {image_id!r} has no 'conf' for adaptive box counts; pass num_bb"
                 )
             out = {}
             for name in self.schema:
                 ds = g[name]
                 if ds.shape[0] != total:
-                    raise FeatureStoreError(f"{self.path}: image {image_id!r}: {name} has {ds.shape[0]} rows, features {total}")
+                    raise FeatureStoreError(f"{path}: image {image_id!r}: {name} has {ds.shape[0]} rows, features {total}")
                 arr = ds[:n]
                 out[name] = arr.astype(np.float32) if arr.dtype.kind == "f" else arr.astype(np.int64)
             image_h, image_w = int(g.attrs["image_h"]), int(g.attrs["image_w"])
         except (OSError, KeyError, ValueError, TypeError) as e:
-            raise FeatureStoreError(f"{self.path}: image {image_id!r} is unreadable ({type(e).__name__}: {e})") from e
+            raise FeatureStoreError(f"{path}: image {image_id!r} is unreadable ({type(e).__name__}: {e})") from e
         if "features" not in out or "boxes" not in out:
-            raise FeatureStoreError(f"{self.path}: image {image_id!r} has no features / boxes (schema {self.schema})")
+            raise FeatureStoreError(f"{path}: image {image_id!r} has no features / boxes (schema {self.schema})")
         problems = region_problems(out["features"], out["boxes"], image_h, image_w,
                                    **{k: out[k] for k in CHECKED if k in out})
         if problems:
-            raise regions_error(self.path, image_id, problems)
+            raise regions_error(path, image_id, problems)
         return Regions(image_h=image_h, image_w=image_w, **out)
 
 

@@ -39,14 +39,26 @@ def build_train_loader(dataset: Dataset, batching: str = "fixed", batch_size: in
     ``dataset.lengths()``) within ``max_units`` padded units, UNITER's token buckets;
     ``"fixed"`` gives ``batch_size`` examples per batch (``group_by_length``: batches of similar text
     length, see `FixedSizeBatchSampler`). ``collate_fn`` defaults to
-    ``dataset.collator()``. With ``num_replicas > 1`` each rank gets its own batches.
+    ``dataset.collator()``. With ``num_replicas > 1`` each rank gets its own batches. A streamed dataset
+    (an `IterableDataset` such as `vlkit.data.stream.StreamedPairs`) gets fixed-size batches, its rank and
+    the seed; it splits its shards over ranks and workers and shuffles itself.
     """
+    from torch.utils.data import IterableDataset
+
     from vlkit.data.batching import FixedSizeBatchSampler, TokenBucketSampler
 
     if collate_fn is None:
         if not hasattr(dataset, "collator"):
             raise TypeError(f"{type(dataset).__name__} has no collator(); pass collate_fn")
         collate_fn = dataset.collator()
+    if isinstance(dataset, IterableDataset):  # a stream (vlkit.data.stream): it shards and shuffles itself
+        if batching != "fixed" or group_by_length:
+            raise ValueError(f"a streamed dataset ({type(dataset).__name__}) takes fixed-size batches: set "
+                             "trainer.batching=fixed and trainer.group_by_length=0")
+        dataset.batch_size = batch_size
+        dataset.shard(num_replicas, rank)
+        dataset.seed = seed
+        return DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, num_workers=num_workers)
     if lengths is None and (batching == "units" or group_by_length):
         if not hasattr(dataset, "lengths"):
             raise TypeError(f"{type(dataset).__name__} has no lengths(); pass lengths for batching=units or "

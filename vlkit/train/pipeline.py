@@ -206,7 +206,13 @@ def _fit_tokenizers(pre, dataset, samples: int = 256) -> None:
             if dataset is None:  # loading saved weights: the codebook comes from the checkpoint
                 objective.tokenizer.fitted.fill_(True)
                 continue
-            pixels = torch.stack([dataset[i]["pixel_values"] for i in range(min(samples, len(dataset)))])
+            if isinstance(dataset, torch.utils.data.IterableDataset):  # a stream: its first examples
+                import itertools
+
+                first = [e for e in itertools.islice(iter(dataset), samples) if e is not None]
+            else:
+                first = [dataset[i] for i in range(min(samples, len(dataset)))]
+            pixels = torch.stack([e["pixel_values"] for e in first])
             objective.fit(pixels)
 
 
@@ -216,8 +222,17 @@ class RecordingLoader:
     def __init__(self, loader: Any, seen: list[str]):
         self.loader, self.seen = loader, seen
 
+    @property
+    def dataset(self) -> Any:
+        return self.loader.dataset
+
+    @property
+    def num_workers(self) -> int:
+        return self.loader.num_workers
+
     def set_epoch(self, epoch: int) -> None:
-        self.loader.batch_sampler.set_epoch(epoch)
+        if hasattr(self.loader.batch_sampler, "set_epoch"):
+            self.loader.batch_sampler.set_epoch(epoch)
 
     def __iter__(self):
         for batch in self.loader:
@@ -281,8 +296,8 @@ def pretrain_model(env: Environment, model: VLModel, mix: Any, trainer_cfg: Any,
     check.finish(output_dir)
     pre = build_pretraining(model, mix, tokenizer=env.tokenizer, seed=seed)
     _fit_tokenizers(pre, dataset)
-    result = _fit(pre, dataset, dataset.collator(), trainer_cfg, output_dir, seed, seen, dataset.lengths,
-                  data_source(env))
+    result = _fit(pre, dataset, dataset.collator(), trainer_cfg, output_dir, seed, seen,
+                  getattr(dataset, "lengths", None), data_source(env))
     save_run(Path(output_dir), pre, {"kind": "pretrain", "family": model.family, "objectives": mix, "seed": seed,
                                      "data": env.data, "steps": result.step})
     return pre, result

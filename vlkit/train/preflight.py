@@ -216,6 +216,9 @@ class Preflight:
                              f"{model.family} model takes {dim}-d (v_feature_size); extract with the detector the model "
                              "was trained on, or train a model on this store")
                 return
+        if not hasattr(dataset, "image_ids"):  # a stream (data=shards): its images are validated as they are read
+            self.notes[name] = {"streamed": str(getattr(dataset, "path", "")), "images_validated": 0}
+            return
         image_ids = dataset.image_ids() if callable(getattr(dataset, "image_ids", None)) else list(dataset.image_ids)
         example_ids = dataset.example_ids() if callable(getattr(dataset, "example_ids", None)) else list(image_ids)
         index, where = image_index(source)

@@ -180,6 +180,12 @@ def _set_epoch(data: Any, epoch: int) -> None:
             obj.set_epoch(epoch)
 
 
+def _stream(data: Any) -> Any:
+    """The seekable stream (`vlkit.data.stream.StreamedPairs`) behind a loader, or None."""
+    dataset = getattr(data, "dataset", None)
+    return dataset if hasattr(dataset, "seek") and hasattr(dataset, "state") else None
+
+
 class _BatchStream:
     """Endless batches over epochs with the data position (epoch, batches consumed in it)."""
 
@@ -189,6 +195,11 @@ class _BatchStream:
 
     def _open(self, skip: int) -> Iterator[VLBatch]:
         _set_epoch(self.data, self.epoch)
+        stream = _stream(self.data)
+        if stream is not None:  # a stream seeks to its position without reading what it skips
+            stream.set_epoch(self.epoch)
+            stream.seek(skip)
+            return iter(self.data)
         if skip and isinstance(self.data, DataLoader):
             from accelerate import skip_first_batches
 
@@ -296,6 +307,9 @@ class Trainer:
             truncate_jsonl(self.metrics_path, step)
         acc.wait_for_everyone()
         acc.init_trackers("tensorboard", config=flatten(cfg.to_dict()))
+        source = _stream(data)
+        if restored is not None and source is not None and "stream" in restored:
+            source.check_state(restored["stream"], getattr(data, "num_workers", 0), where=str(path))
         stream = _BatchStream(data, epoch, consumed)
         if restored is not None:  # after opening the data, which may draw from the global RNG
             self._restore_rng(restored, path)
@@ -410,6 +424,9 @@ class Trainer:
         if acc.is_main_process:
             state = {"epoch": stream.epoch, "batches_in_epoch": stream.consumed, "world_size": self.world_size,
                      "config": self.cfg.to_dict(), "vlkit_version": __version__}
+            source = _stream(stream.data)
+            if source is not None:  # the stream's position and layout
+                state["stream"] = source.state(stream.consumed, getattr(stream.data, "num_workers", 0))
             path = ckpt.save_checkpoint(self.checkpoint_dir, step, acc.unwrap_model(model), optimizer, scheduler,
                                         rngs, state, acc.scaler, self.cfg.keep_checkpoints)
         acc.wait_for_everyone()

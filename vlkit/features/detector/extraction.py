@@ -19,7 +19,7 @@ def extract_features(
     weights: str | os.PathLike | None = None, batch_size: int = 8, device: str = "cpu",
     min_boxes: int | None = None, max_boxes: int | None = None, conf_th: float | None = None,
     resume: bool = True, dtype: str = "float16", progress: bool = True, total: int | None = None,
-    on_error: str = "raise",
+    on_error: str = "raise", bar: Any = None,
 ) -> Path:
     """Extract region features of ``(image_id, image)`` pairs into the h5 store ``out``.
 
@@ -34,6 +34,9 @@ def extract_features(
     `vlkit.validate.MAX_ASPECT_RATIO`, or giving fewer than ``min_boxes`` regions) raises `DataError`
     naming it with ``on_error="raise"``; with ``"skip"`` it is left out, counted, logged and recorded
     with its reason in ``<out>.skipped.jsonl`` (`skipped_path`).
+
+    ``bar``: an object with ``update(n)`` / ``close()`` counting the images done instead of a tqdm bar
+    (`vlkit.features.distributed.SharedProgress` counts over the processes of a spread extraction).
     """
     from tqdm.auto import tqdm
 
@@ -65,7 +68,8 @@ def extract_features(
         skips.add("image", image_id, str(err))
 
     with FeatureStoreWriter(out, provenance=provenance, resume=resume, dtype=dtype) as writer:
-        bar = tqdm(total=total, desc=f"extract {Path(out).name}", unit="img", disable=not progress)
+        if bar is None:
+            bar = tqdm(total=total, desc=f"extract {Path(out).name}", unit="img", disable=not progress)
         pending: dict[tuple[int, int], list[tuple[str, np.ndarray]]] = {}
 
         def run(key: tuple[int, int]) -> None:
