@@ -127,8 +127,11 @@ def launch(function: Callable[..., Any], args: Sequence[Any], processes: int, cp
     from accelerate.utils import PrepareForLaunch, patch_environment
     from torch.multiprocessing import start_processes
 
+    import torch
+
+    # the parent's torch threads (the command's threads=) in every process: the same kernels, the same features
     env = dict(world_size=processes, nproc=processes, node_rank=0, master_addr="127.0.0.1",
-               master_port=str(_free_port()), accelerate_mixed_precision="no")
+               master_port=str(_free_port()), accelerate_mixed_precision="no", omp_num_threads=torch.get_num_threads())
     if cpu:
         env.update(accelerate_use_cpu="yes", gloo_socket_ifname="lo")  # one machine: loopback (as accelerate's debug_launcher)
     with patch_environment(**env):
