@@ -282,7 +282,8 @@ class Retrieval(Task):
         if isinstance(model, Pretraining):
             # a mix without ITM (e.g. MLM alone): the rank head starts fresh, as the official code does
             # when the checkpoint holds no ITM weights to copy
-            itm = (model.objectives["itm"] if "itm" in model.objectives else None) if itm is None else itm
+            if itm is None and "itm" in model.objectives:
+                itm = model.objectives["itm"]
             model = model.model
         if not isinstance(model, VLModel):
             raise TypeError(f"retrieval: expected a VLModel or a Pretraining module, got {type(model).__name__}")
