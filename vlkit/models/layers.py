@@ -37,6 +37,12 @@ def activation(name: str) -> nn.Module:
     return ACTIVATIONS[name]()
 
 
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """[B, H]: the mean of ``x`` [B, L, H] over the positions ``mask`` [B, L] keeps (0 where it keeps none)."""
+    m = mask.to(x.dtype)[..., None]
+    return (x * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
 def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
     """[B, L] (1 = attend) -> [B, 1, 1, L] additive mask ``(1 - m) * -10000`` for SDPA."""
     return ((1.0 - mask[:, None, None, :].to(dtype)) * MASK_VALUE).to(dtype)

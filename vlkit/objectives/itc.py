@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vlkit.models.base import VLModel
+from vlkit.models.layers import masked_mean
 from vlkit.objectives.base import Objective, PassContext
 from vlkit.registry import register_objective
 from vlkit.types import Encoded, LossOutput, VLBatch
@@ -23,10 +24,7 @@ POOLING = ("mean", "first")
 
 def pool(encoded: Encoded, how: str) -> Tensor:
     """[B, H]: the masked mean of the states, or the first position ([CLS], [IMG])."""
-    if how == "first":
-        return encoded.states[:, 0]
-    mask = encoded.mask.to(encoded.states.dtype)[..., None]
-    return (encoded.states * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+    return encoded.states[:, 0] if how == "first" else masked_mean(encoded.states, encoded.mask)
 
 
 def same_image(batch: VLBatch) -> Tensor:

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vlkit.models.base import VLModel
+from vlkit.models.layers import masked_mean
 from vlkit.registry import HEADS, MODELS, register_task
 from vlkit.tasks.base import Task, TaskData, eval_batches
 from vlkit.tasks.metrics import recall_at_k
@@ -162,8 +163,7 @@ def image_similarity(batch: VLBatch) -> Tensor:
     """Cheap image-image cosine similarity [B, B] for hard negatives: mean region feature, or the
     8x8 average-pooled pixels."""
     if batch.has_regions:
-        m = batch.region_mask.to(batch.region_feats.dtype)[..., None]
-        v = (batch.region_feats * m).sum(1) / m.sum(1).clamp(min=1.0)
+        v = masked_mean(batch.region_feats, batch.region_mask)
     elif batch.has_pixels:
         v = F.adaptive_avg_pool2d(batch.pixel_values, 8).flatten(1)
     else:
@@ -222,10 +222,9 @@ def _trim(enc: Encoded) -> Encoded:
 
 def _summary(enc: Encoded) -> Tensor:
     """[B, 2H] masked mean and max of each row's states (what the pre-ranking reads)."""
-    m = enc.mask.to(torch.float64)[..., None]
     states = enc.states.to(torch.float64)
-    mean = (states * m).sum(1) / m.sum(1).clamp(min=1.0)
-    return torch.cat([mean, states.masked_fill(m == 0, float("-inf")).amax(1).clamp(min=-1e4)], dim=-1)
+    top = states.masked_fill(enc.mask[..., None] == 0, float("-inf")).amax(1).clamp(min=-1e4)
+    return torch.cat([masked_mean(states, enc.mask), top], dim=-1)
 
 
 @contextlib.contextmanager
