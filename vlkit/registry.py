@@ -24,6 +24,7 @@ _BUILTIN_MODULES = {
     "objective": ["vlkit.objectives"],
     "task": ["vlkit.tasks.vqa", "vlkit.tasks.retrieval", "vlkit.tasks.nlvr2", "vlkit.tasks.refexp", "vlkit.tasks.snli_ve"],
     "dataset": ["vlkit.data"],
+    "executor": ["vlkit.compare.executors"],
 }
 _plugins_loaded = False
 
@@ -164,6 +165,7 @@ OBJECTIVES = Registry("objective")
 TASKS = Registry("task")
 ENCODERS = Registry("encoder")
 DATASETS = Registry("dataset")
+EXECUTORS = Registry("executor")  # where the units of a comparison run (vlkit.compare.executors)
 HEADS = HeadRegistry()
 
 register_model = MODELS.register
@@ -171,4 +173,5 @@ register_objective = OBJECTIVES.register
 register_task = TASKS.register
 register_encoder = ENCODERS.register
 register_dataset = DATASETS.register
+register_executor = EXECUTORS.register
 register_head = HEADS.register

@@ -7,26 +7,7 @@ import pytest
 
 from vlkit.cli import main
 
-TIMING = {"train_samples_per_s", "latency_ms"}
-
-
-def _untimed(record: dict) -> dict:
-    return {k: v for k, v in record.items() if k not in TIMING and not k.endswith("wall_s")}
-
-
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    root = tmp_path_factory.mktemp("compare")
-    common = ["threads=1", "progress=false", f"cache_dir={root / 'cache'}"]
-    # two worker processes, then a single-process rerun: the numbers must not depend on scheduling
-    assert main(["compare", "compare=smoke", f"output_dir={root / 'first'}", "workers=2", *common]) == 0
-    assert main(["compare", f"manifest={root / 'first' / 'manifest.json'}", f"output_dir={root / 'rerun'}",
-                 "workers=1", *common]) == 0
-    return root
-
-
-def _records(directory):
-    return json.loads((directory / "results.json").read_text())["records"]
+from compare_helpers import records as _records, untimed as _untimed
 
 
 def test_outputs_are_complete(smoke):

@@ -125,7 +125,7 @@ def test_chance_levels_and_meta_sum_chance():
              "vqa_majority_baseline": 0.2, "ir_r1_chance": 0.0025,
              "tr_r1_chance": 0.0025, "nlvr2_majority_baseline": 0.5, "refexp_random_box": 0.19}]
     chance = chance_levels(recs)
-    assert chance["meta_sum"] == pytest.approx(100 * (0.2 + 0.0025 + 0.0025 + 0.5 + 0.19))
+    assert chance["meta_sum"] == pytest.approx(0.2 + 0.0025 + 0.0025 + 0.5 + 0.19)
     assert analyse(recs)["chance"] == chance
 
 

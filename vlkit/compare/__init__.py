@@ -9,14 +9,24 @@ Results are reported per seed and as mean ± 95% CI.
     vlkit compare                          # the default comparison on the embedded shapes world
     vlkit compare compare=smoke            # tiny and quick
     vlkit compare compare=my_runs.yaml     # a comparison file of your own
-    vlkit compare manifest=outputs/compare/<stamp>/manifest.json   # rerun exactly
+    vlkit compare ... output_dir=D resume=true      # go on where a killed or failed comparison stopped
+    vlkit compare ... dry_run=true         # the units, their resources and a measured cost estimate
+    vlkit compare-report output_dir=D      # the report from the folder, also while units still run
 
-Modules: `config` (runs, task configs), `statistics` (CIs, tests, summaries), `scheduling` (units of
-work over worker processes), `report` and `plots` (outputs), `manifest` (what reruns a comparison).
+Each unit of work (a pre-training, or one fine-tuning of one variant on one task) records its state and
+result in its own folder the moment it ends (`units`), wherever it ran (`executors`: local processes,
+SLURM through submitit, Ray); the report is always rebuilt from those folders (`report_from_folder`).
+
+Modules: `config` (runs, task configs), `units` (units and their state on disk), `scheduling` (the work of
+each unit), `worker` (a unit in its process), `executors` (where units run), `estimate` (dry run),
+`statistics`, `report` and `plots` (outputs), `manifest` (what reruns a comparison).
 """
 from __future__ import annotations
 
-import os
+import json
+import signal
+import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -24,52 +34,200 @@ from typing import Any
 
 from vlkit.compare.claims import check_claims
 from vlkit.compare.config import RunSpec, objective_mix, resolve_config, run_specs, task_cfg
+from vlkit.compare.scheduling import Comparison, Progress, digest
 from vlkit.compare.statistics import HEADLINE, mean_ci, paired_p_value, summarize
-from vlkit.compare.scheduling import Comparison, digest
+from vlkit.compare.units import PLAN_FILE, UnitFolder, changed_keys, config_hash, status
+
+# Keys a resumed comparison may change: where and how units run, not what they compute.
+RESUME_SAFE = ("output_dir", "resume", "dry_run", "progress", "workers", "cache_dir", "manifest",
+               "expected_data_hash", "compare.retries", "compare.executor", "compare.slurm", "compare.ray")
 
 
-def main(cfg: Any) -> int:
+def _check_seeds(seeds: Any) -> None:
+    if not isinstance(seeds, list) or not seeds:
+        raise ValueError(f"compare.seeds={seeds!r}: give a non-empty list of seeds, e.g. compare.seeds=[0,1,2]")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ValueError(f"compare.seeds={seeds}: seed(s) {repeated} repeated; each seed is one independent replicate")
+
+
+def _plan(cfg: dict[str, Any], output_dir: Path, argv: list[str], resume: bool) -> Path:
+    """Write ``plan.json`` (the resolved config and the command) or, resuming, check the saved one: a
+    changed configuration is refused naming each key that changed (`RESUME_SAFE` keys may change)."""
+    from vlkit.compare.report import dump_json
+    from vlkit.io import atomic_write_text
+
+    path = output_dir / PLAN_FILE
+    config = {k: v for k, v in cfg.items() if k not in ("output_dir", "resume", "dry_run")}
+    if output_dir.exists() and any(output_dir.iterdir()):
+        if not resume:
+            raise FileExistsError(f"{output_dir} is not empty: pass resume=true to go on with the comparison in it, "
+                                  "or choose another output_dir= (results are never overwritten)")
+        if not path.is_file():
+            raise FileNotFoundError(f"resume=true: {output_dir} holds no {PLAN_FILE}, so it is not a vlkit comparison")
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        changed = changed_keys(saved["config"], json.loads(dump_json(config)), RESUME_SAFE)
+        if changed:
+            raise ValueError(f"resume=true: the configuration differs from the one {output_dir} was started with "
+                             f"({path}); changed: " + "; ".join(changed) + ". Rerun with the original settings, or "
+                             "use another output_dir")
+        return path
+    output_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, dump_json({"config": config, "argv": argv, "created": time.time()}))
+    return path
+
+
+def main(cfg: Any, overrides: list[str] | None = None) -> int:
     import torch
 
-    from vlkit.compare.manifest import write_manifest
-    from vlkit.compare.plots import plot_transport_plan
-    from vlkit.compare.report import write_outputs
-    from vlkit.train import pipeline
+    from vlkit.compare.executors import ExecutorSettings, drive, retry_command
+    from vlkit.registry import EXECUTORS
 
     cfg = resolve_config(cfg)
+    compare = cfg["compare"]
+    _check_seeds(compare.get("seeds"))
+    settings = ExecutorSettings(cfg)
+    torch.set_num_threads(settings.threads)
+    comparison = Comparison(cfg, Path(cfg.get("output_dir") or "."), progress=cfg.get("progress", True))
+    check_claims(compare.get("claims") or [], [s.name for s in comparison.specs])
+    executor_cls = EXECUTORS.get(compare.get("executor") or "local")
+    if cfg.get("dry_run"):
+        from vlkit.compare.estimate import dry_run
+
+        print(dry_run(comparison, settings))
+        return 0
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     output_dir = Path(cfg.get("output_dir") or Path("outputs") / "compare" / stamp)
-    if output_dir.exists() and any(output_dir.iterdir()):
-        raise FileExistsError(f"{output_dir} is not empty: choose another output_dir= (results are never overwritten)")
-    output_dir.mkdir(parents=True, exist_ok=True)
-    workers = int(cfg.get("workers") or min(2, os.cpu_count() or 1))
-    threads = int(cfg.get("threads") or 1)
-    torch.set_num_threads(threads)
+    comparison.output_dir = output_dir
+    argv = list(overrides if overrides is not None else sys.argv[2:])
+    plan_path = _plan(cfg, output_dir, argv, bool(cfg.get("resume")))
     start = time.perf_counter()
-    comparison = Comparison(cfg, output_dir, progress=cfg.get("progress", True))
-    check_claims(cfg["compare"].get("claims") or [], [s.name for s in comparison.specs])
-    comparison.say(f"{len(comparison.specs)} run(s) x {len(cfg['compare']['seeds'])} seed(s) = "
-                   f"{len(comparison.all_units())} units of work on {workers} worker(s) x {threads} thread(s)")
-    records = comparison.run(workers, threads)
-    wall = time.perf_counter() - start
-    audit = comparison.audit
-    audit["data_hash"] = digest(sorted(audit["data"].items()))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(settings.workers * settings.threads)  # no unit runs yet: the extraction takes their cores
+    try:
+        for spec in comparison.specs:  # extract shared features once, before any unit starts
+            comparison.environment(spec)
+    finally:
+        torch.set_num_threads(previous)
+    units = comparison.all_units()
+    keys = {comparison.key(u): u for u in units}
+    hashes = {k: config_hash(comparison.unit_config(u)) for k, u in keys.items()}
+    reused = [k for k in keys if UnitFolder(comparison.unit_dir(keys[k]), k).finished(hashes[k]) is not None]
+    todo = [k for k in keys if k not in reused]
+    executor = executor_cls(plan_path, settings)
+    comparison.say(f"{len(comparison.specs)} run(s) x {len(compare['seeds'])} seed(s) = {len(units)} units of work"
+                   + (f" ({len(reused)} finished before, reused)" if reused else "")
+                   + f"; executor {compare.get('executor') or 'local'}, {executor.slots} at once x {settings.threads} thread(s)")
+    progress = Progress(comparison, [keys[k] for k in todo], executor.slots)
+    stop, stopped_by = threading.Event(), []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stopped_by.append(signum)
+        stop.set()
+
+    handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)} \
+        if threading.current_thread() is threading.main_thread() else {}
+    try:
+        outcomes = drive(todo, {k: (comparison.key(keys[k].depends_on()) if keys[k].depends_on() else None) for k in keys},
+                         executor, int(compare.get("retries") or 0),
+                         lambda key, state, note: _ended(progress, comparison, keys[key], state, note, hashes[key]), stop)
+    finally:
+        executor.close()
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    table = report_from_folder(comparison, time.perf_counter() - start)
+    retry = retry_command(argv, output_dir)
+    if stopped_by:
+        name = signal.Signals(stopped_by[0]).name
+        print(f"vlkit compare: stopped by {name}; finished units are kept in {output_dir}. Go on with:\n  {retry}",
+              file=sys.stderr)
+        return 128 + stopped_by[0]
+    bad = {k: o for k, o in outcomes.items() if o["state"] != "finished"}
+    print(f"\n{table}\n\nresults in {output_dir} (tests, chance levels and verdicts: {output_dir / 'results.md'})")
+    if bad:
+        lines = [f"  {k}: {o['state']}: {o.get('error') or ''}" for k, o in bad.items()]
+        print(f"vlkit compare: {len(bad)} unit(s) did not finish (every other unit did):\n" + "\n".join(lines)
+              + f"\nEach failed unit's traceback.txt and unit.log are in its folder under {output_dir / 'runs'}. "
+              f"After fixing the cause, rerun them (and their dependents only) with:\n  {retry}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _ended(progress: Progress, comparison: Comparison, unit: Any, state: str, note: str, unit_hash: str) -> None:
+    result = UnitFolder(comparison.unit_dir(unit), comparison.key(unit)).finished(unit_hash) if state == "finished" else None
+    if state == "retrying":  # its process died: it runs again and stays among the remaining units
+        comparison.say(f"{comparison.key(unit)} died ({note})")
+        return
+    progress.finished(unit, state, result, note)
+
+
+def unit_states(comparison: Comparison) -> list[tuple[str, str, dict[str, Any] | None]]:
+    """(key, status, state) of every unit of the comparison, in start order (see `units.status`)."""
+    out = []
+    for unit in comparison.all_units():
+        key = comparison.key(unit)
+        state = UnitFolder(comparison.unit_dir(unit), key).read()
+        out.append((key, status(state, config_hash(comparison.unit_config(unit))), state))
+    return out
+
+
+def report_from_folder(comparison: Comparison, wall: float | None = None) -> str:
+    """Rebuild the report (``results.*``, plots, ``manifest.json``, ``units.md``) from the units' folders;
+    the units that are not finished are listed as missing, running, failed or stale. Returns the table."""
+    from vlkit.compare.manifest import write_manifest
+    from vlkit.compare.plots import plot_transport_plan
+    from vlkit.compare.report import markdown_table, write_outputs
+    from vlkit.io import atomic_write_text
+    from vlkit.train import pipeline
+
+    cfg, output_dir = comparison.cfg, comparison.output_dir
+    states = unit_states(comparison)
+    done = {u: s["result"] for u, (_, st, s) in zip(comparison.all_units(), states) if st == "finished"}
+    counts: dict[str, int] = {}
+    for _, st, _ in states:
+        counts[st] = counts.get(st, 0) + 1
+    summary = ", ".join(f"{n} {st}" for st, n in sorted(counts.items()))
+    rows = [[key, st, (s or {}).get("error", "") if st in ("failed", "died") else
+             (time.strftime("%Y-%m-%d %H:%M", time.localtime(s["started"])) + f" on {s.get('host')}"
+              if st == "running" else "")] for key, st, s in states if st != "finished"]
+    units_md = f"# Units of {output_dir}\n\n{len(states)} units: {summary}.\n\n" + \
+        (markdown_table(["unit", "status", "error / started"], rows) + "\n" if rows else "")
+    atomic_write_text(output_dir / "units.md", units_md)
+    if not done:
+        return units_md
+    records, audit, curves = comparison.collect(done)
+    if wall is None:
+        wall = sum(r["wall_s"] for r in records)
     expected = cfg.get("expected_data_hash")
-    if expected and expected != audit["data_hash"]:
+    if expected and expected != audit["data_hash"] and len(done) == len(states):
         raise RuntimeError(f"the data differ from the manifest's (hash {audit['data_hash'][:12]} != {expected[:12]})")
-    wra = next((s for s in comparison.specs if s.objectives is not None and "wra" in (objective_mix(s) or {})
-                .get("objectives", {}).get("itm", {})), None)
+    wra = next((s for i, s in enumerate(comparison.specs) if s.objectives is not None
+                and "wra" in (objective_mix(s) or {}).get("objectives", {}).get("itm", {})
+                and any(u.is_pretrain and u.run == i and u.seed == cfg["compare"]["seeds"][0] for u in done)), None)
     if wra is not None:  # the transport plan of the first run with WRA, first seed
         run_dir = output_dir / "runs" / wra.name / f"seed{cfg['compare']['seeds'][0]}" / "pretrain"
         plot_transport_plan(output_dir, pipeline.load_pretraining(run_dir), comparison.environment(wra))
     store = next((env.data["image"].get("path") for env in comparison._environments.values()
                   if env.data["image"].get("source") == "features"), None)
-    write_manifest(output_dir, cfg, audit, store, wall)
-    table = write_outputs(output_dir, cfg, records, audit, comparison.curves, wall)
-    print(f"\n{table}\n\nwall time {wall:.0f} s; results in {output_dir} (tests, chance levels and verdicts: "
-          f"{output_dir / 'results.md'})")
+    write_manifest(output_dir, cfg, audit, store, wall, complete=len(done) == len(states))
+    table = write_outputs(output_dir, cfg, records, audit, curves, wall)
+    if rows:
+        table += f"\n\n{len(rows)} of {len(states)} units are not finished ({summary}): see {output_dir / 'units.md'}"
+    return table
+
+
+def report_main(cfg: Any) -> int:
+    """`vlkit compare-report output_dir=D`: the report of the comparison in D from its units' folders."""
+    from vlkit.train.pipeline import plain
+
+    output_dir = Path(plain(cfg)["output_dir"])
+    plan = output_dir / PLAN_FILE
+    if not plan.is_file():
+        raise FileNotFoundError(f"{plan} is missing: {output_dir} is not the output_dir of a vlkit comparison")
+    comparison = Comparison(json.loads(plan.read_text(encoding="utf-8"))["config"], output_dir, progress=False)
+    print(report_from_folder(comparison))
     return 0
 
 
 __all__ = ["Comparison", "HEADLINE", "RunSpec", "digest", "main", "mean_ci", "objective_mix", "paired_p_value",
-           "resolve_config", "run_specs", "summarize", "task_cfg"]
+           "report_from_folder", "report_main", "resolve_config", "run_specs", "summarize", "task_cfg", "unit_states"]

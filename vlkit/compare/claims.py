@@ -74,12 +74,11 @@ def evaluate_claims(records: list[dict[str, Any]], claims: list[dict[str, Any]])
 
 
 def claims_table(claims: list[dict[str, Any]]) -> str:
-    from vlkit.compare.report import markdown_table, scale
+    from vlkit.compare.report import POINTS, markdown_table
 
     lines = []
     for c in claims:
-        f = scale(c["metric"])
-        effect = "–" if c["effect"] != c["effect"] else f"{c['effect'] * f:+.1f} ± {c['ci95'] * f:.1f}"
+        effect = "–" if c["effect"] != c["effect"] else f"{c['effect'] * POINTS:+.1f} ± {c['ci95'] * POINTS:.1f}"
         p = "–" if c["p_holm"] != c["p_holm"] else f"{c['p_holm']:.3f}"
         lines.append([c["claim"], f"{c['a']} vs {c['b']}", c["metric"], c.get("paper", ""), effect, p,
                       f"**{c['verdict']}**"])

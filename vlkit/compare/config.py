@@ -23,6 +23,7 @@ class RunSpec:
     task_overrides: dict[str, Any] = field(default_factory=dict)  # task -> config overrides for this run only
     tasks: list[str] | None = None  # a subset of the comparison's tasks for this run (None: all of them)
     add_objectives: dict[str, Any] = field(default_factory=dict)  # compare.add_objectives, for every mix
+    data: dict[str, Any] = field(default_factory=dict)  # {image: ...}: this run's image source (the captions stay shared)
 
     @property
     def family(self) -> str:
@@ -35,7 +36,9 @@ def resolve_config(cfg: Any) -> dict[str, Any]:
     if cfg.get("manifest"):
         manifest = json.loads(Path(cfg["manifest"]).read_text())
         resolved = manifest["config"]
-        resolved["output_dir"] = cfg.get("output_dir")
+        for key in ("output_dir", "resume", "dry_run", "workers", "progress"):  # how to run it, from the command line
+            if key in cfg:
+                resolved[key] = cfg[key]
         resolved["expected_data_hash"] = manifest["data"]["hash"]
         return resolved
     return cfg
@@ -50,9 +53,12 @@ def run_specs(compare: dict[str, Any]) -> list[RunSpec]:
         model = entry.pop("model")
         model = {"name": model} if isinstance(model, str) else dict(model)
         entry.setdefault("baseline", compare.get("baseline", True))
-        unknown = set(entry) - {"name", "objectives", "mix", "trainer", "baseline", "task_overrides", "tasks"}
+        unknown = set(entry) - {"name", "objectives", "mix", "trainer", "baseline", "task_overrides", "tasks", "data"}
         if unknown:
             raise KeyError(f"compare.runs[{entry['name']}]: unknown key(s) {', '.join(sorted(unknown))}")
+        if set(entry.get("data") or {}) - {"image"}:
+            raise KeyError(f"compare.runs[{entry['name']}].data: only 'image' may differ between runs (every run "
+                           f"reads the same captions), got {', '.join(sorted(entry['data']))}")
         extra = set(entry.get("tasks") or []) - set(compare["tasks"])
         if extra:
             raise KeyError(f"compare.runs[{entry['name']}]: tasks {sorted(extra)} are not among compare.tasks "
@@ -98,3 +104,10 @@ def task_cfg(compare: dict[str, Any], name: str, spec: RunSpec | None = None) ->
     if spec is not None:
         layers.append((spec.task_overrides or {}).get(name) or {})
     return pipeline.plain(OmegaConf.merge(OmegaConf.load(CONF_DIR / "task" / f"{name}.yaml"), *layers))
+
+
+def run_data(data: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
+    """The data config of a run: the comparison's, with the run's own image source (``runs[].data.image``:
+    e.g. a BUTD feature store for the region families and the image folder for a pixel family)."""
+    image = (spec.data or {}).get("image")
+    return {**data, "image": {**(data.get("image") or {}), **image}} if image else data

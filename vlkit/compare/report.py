@@ -16,9 +16,8 @@ COST_LABELS = {"params": "params", "train_samples_per_s": "train samples/s", "la
                "wall_s": "wall s"}
 
 
-def scale(metric: str) -> float:
-    """Fractions are shown in points; Meta-Sum is already in points."""
-    return 1.0 if metric == "meta_sum" else 100.0
+POINTS = 100.0  # records hold every metric as a fraction (Meta-Sum too); tables show points
+UNITS = "fraction"  # named in results.json and results.csv
 
 
 def _num(value: float, digits: int = 1) -> str:
@@ -50,16 +49,15 @@ def results_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
             elif c in COSTS:
                 cells.append(_num(row[c]["mean"]) if c in row else "–")
             else:
-                cells.append(_cell(row.get(c), scale(c)))
+                cells.append(_cell(row.get(c), POINTS))
         lines.append(cells)
     return markdown_table(["run", "variant"] + [COST_LABELS.get(c, c) for c in columns], lines)
 
 
 def _effect(test: dict[str, Any]) -> str:
     """``+4.3 ± 2.1 (p 0.003)*``: the paired difference in points, its 95% CI, Holm's p and a star when significant."""
-    f = scale(test["metric"])
-    ci = test["ci95"] * f
-    text = f"{test['effect'] * f:+.1f}" + (f" ± {ci:.1f}" if math.isfinite(ci) else "")
+    ci = test["ci95"] * POINTS
+    text = f"{test['effect'] * POINTS:+.1f}" + (f" ± {ci:.1f}" if math.isfinite(ci) else "")
     p = test.get("p_holm", float("nan"))
     return text + (f" (p {p:.3f})" if math.isfinite(p) else " (p –)") + ("*" if test.get("significant") else "")
 
@@ -103,7 +101,7 @@ def verdict_lines(scratch: list[dict[str, Any]], pairwise: list[dict[str, Any]])
         if t["significant"]:
             a, b = t["comparison"].split(" − ")
             winner, loser = (a, b) if t["effect"] > 0 else (b, a)
-            out.append(f"- `{t['metric']}`: {winner} > {loser} by {abs(t['effect']) * scale(t['metric']):.1f} points "
+            out.append(f"- `{t['metric']}`: {winner} > {loser} by {abs(t['effect']) * POINTS:.1f} points "
                        f"(Holm p {t['p_holm']:.3f}).")
     return out
 
@@ -111,7 +109,7 @@ def verdict_lines(scratch: list[dict[str, Any]], pairwise: list[dict[str, Any]])
 def chance_note(chance: dict[str, float]) -> str:
     if not chance:
         return ""
-    parts = [f"{m} {c * scale(m):.1f}" for m, c in chance.items()]
+    parts = [f"{m} {c * POINTS:.1f}" for m, c in chance.items()]
     return ("Chance or trivial-baseline level of each metric on the evaluation set (points): " + ", ".join(parts)
             + " (VQA: the majority answer; RefExp: a random candidate box; NLVR2 / SNLI-VE: the majority label; "
             "R@1: a random ranking; ITM accuracy: balanced matched / mismatched pairs).")
@@ -120,7 +118,7 @@ def chance_note(chance: dict[str, float]) -> str:
 def detectable_note(mde: dict[str, dict[str, float]], seeds: int) -> str:
     if not mde:
         return ""
-    parts = [f"{m} {v['mde'] * scale(m):.1f} ({v['mde_holm_strict'] * scale(m):.1f})" for m, v in mde.items()]
+    parts = [f"{m} {v['mde'] * POINTS:.1f} ({v['mde_holm_strict'] * POINTS:.1f})" for m, v in mde.items()]
     return (f"Minimum detectable effect at {seeds} seeds (points; paired t-test, alpha 0.05, power 0.8, from the pooled "
             "SD of the pre-trained − scratch differences; in brackets at Holm's strictest level): " + ", ".join(parts) + ".")
 
@@ -188,12 +186,13 @@ def write_outputs(output_dir: Path, cfg: dict[str, Any], records: list[dict[str,
               "Every metric of every run and seed: `results.csv` / `results.json`; plots: `metrics.png`, "
               "`loss_curves.png`, `wra_plan.png`.", ""]
     atomic_write_text(output_dir / "results.md", "\n".join(notes))
-    atomic_write_text(output_dir / "results.json", dump_json({"records": records, **result}))
-    keys = sorted({k for r in records for k in r})
+    atomic_write_text(output_dir / "results.json", dump_json({"units": UNITS, "records": records, **result}))
+    keys = ["units"] + sorted({k for r in records for k in r})
     with open(output_dir / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=keys)
         writer.writeheader()
         for r in records:
-            writer.writerow({k: json.dumps(clean_json(v)) if isinstance(v, (dict, list)) else v for k, v in r.items()})
+            writer.writerow({"units": UNITS, **{k: json.dumps(clean_json(v)) if isinstance(v, (dict, list)) else v
+                                                 for k, v in r.items()}})
     plot_results(output_dir, rows, metrics, curves, result["chance"])
     return "\n\n".join(p for p in (table, claims_table(result["claims"]) if result["claims"] else "") if p)

@@ -10,7 +10,8 @@ from typing import Any, Iterable
 
 import torch
 
-from vlkit.compare.config import RunSpec, mix_label, objective_mix, run_specs, task_cfg
+from vlkit.compare.config import RunSpec, mix_label, objective_mix, run_data, run_specs, task_cfg
+from vlkit.compare.units import Unit
 from vlkit.compare.statistics import HEADLINE
 from vlkit.train import pipeline
 
@@ -81,19 +82,18 @@ def itm_accuracy(pre: Any, pairs: Any, limit: int = 2000, batch_size: int = 128,
 
 
 class Comparison:
-    """Runs a resolved comparison config into ``output_dir``: every run is pre-trained on the same
-    examples in the same order with the same seeds and step budget, then fine-tuned and evaluated on
-    the same tasks, next to a no-pre-training baseline of the same model."""
+    """The units of a resolved comparison config and the work of each, in ``output_dir``: every run is
+    pre-trained on the same examples in the same order with the same seeds and step budget, then
+    fine-tuned and evaluated on the same tasks, next to a no-pre-training baseline of the same model.
+    Every unit seeds itself and a fine-tuning starts from the pre-training saved on disk, so results do
+    not depend on where or in which order units run (`vlkit.compare.executors`)."""
 
     def __init__(self, cfg: dict[str, Any], output_dir: Path, progress: bool = True):
         self.cfg = cfg
         self.compare = cfg["compare"]
-        self.output_dir = output_dir
+        self.output_dir = Path(output_dir)
         self.progress = progress
         self.specs = run_specs(self.compare)
-        self.records: list[dict[str, Any]] = []
-        self.audit: dict[str, Any] = {"pretrain_ids": {}, "finetune_ids": {}, "data": {}}
-        self.curves: dict[str, list[dict[str, Any]]] = {}
         self._environments: dict[str, pipeline.Environment] = {}
         self._eval_pairs: dict[str, Any] = {}
         self._task_data: dict[str, Any] = {}
@@ -106,17 +106,23 @@ class Comparison:
     def environment(self, spec: RunSpec) -> pipeline.Environment:
         from vlkit.registry import MODELS
 
-        key = MODELS.get(spec.family).image_input + json.dumps(spec.model, sort_keys=True)
+        data = run_data(self.cfg["data"], spec)
+        key = MODELS.get(spec.family).image_input + json.dumps([spec.model, data], sort_keys=True)
         if key not in self._environments:
-            self._environments[key] = pipeline.prepare_environment(spec.model, self.cfg["data"], self.cfg.get("cache_dir"),
+            self._environments[key] = pipeline.prepare_environment(spec.model, data, self.cfg.get("cache_dir"),
                                                                    progress=self.progress)
         return self._environments[key]
 
     def trainer_cfg(self, stage: str, steps: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A unit's trainer: the comparison's, checkpointed every ``compare.checkpoint_every`` steps so that
+        a killed unit resumes where it was (``resume`` always on: a fresh folder starts at step 0)."""
         base = dict(self.compare["trainer"]["common"])
         base.update(self.compare["trainer"].get(stage) or {})
         base.update(extra or {})
-        base.update(max_steps=steps, progress=False, save_every=0, keep_checkpoints=1)
+        base.update(max_steps=steps, progress=False, save_every=int(self.compare.get("checkpoint_every") or 0),
+                    keep_checkpoints=1, resume=True, log_every=1)
+        if int(self.compare.get("gpus_per_unit") or 0) > 0:
+            base["cpu"] = False
         return base
 
     def task_cfg(self, name: str, spec: RunSpec | None = None) -> dict[str, Any]:
@@ -142,95 +148,69 @@ class Comparison:
         out = ["pretrained"] if spec.objectives is not None else []
         return out + (["scratch"] if spec.baseline or spec.objectives is None else [])
 
-    def pretrain_units(self) -> list[tuple[int, int]]:
-        """(run index, seed) of every pre-training."""
-        return [(i, seed) for seed in self.compare["seeds"] for i, s in enumerate(self.specs) if s.objectives is not None]
+    def finetune_units(self, index: int, seed: int, variant: str) -> list[Unit]:
+        return [Unit(index, seed, variant, task) for task in self.tasks_for(self.specs[index])]
 
-    def finetune_units(self, index: int, seed: int, variant: str) -> list[tuple[int, int, str, str]]:
-        return [(index, seed, variant, task) for task in self.tasks_for(self.specs[index])]
+    def all_units(self) -> list[Unit]:
+        """Every unit in the order they are started: pre-trainings, the scratch baselines, then the
+        fine-tunings of each pre-training (which wait for it)."""
+        seeds = self.compare["seeds"]
+        pretrain = [Unit(i, seed) for seed in seeds for i, s in enumerate(self.specs) if s.objectives is not None]
+        scratch = [u for seed in seeds for i, spec in enumerate(self.specs) if "scratch" in self.variants(spec)
+                   for u in self.finetune_units(i, seed, "scratch")]
+        return pretrain + scratch + [u for p in pretrain for u in self.finetune_units(p.run, p.seed, "pretrained")]
 
-    def all_units(self) -> list[tuple]:
-        """Every unit of the comparison: pre-trainings, their fine-tunings, the scratch baselines."""
-        pretrain = self.pretrain_units()
-        return pretrain + [u for i, seed in pretrain for u in self.finetune_units(i, seed, "pretrained")] + \
-            [u for seed in self.compare["seeds"] for i, spec in enumerate(self.specs)
-             if "scratch" in self.variants(spec) for u in self.finetune_units(i, seed, "scratch")]
+    def key(self, unit: Unit) -> str:
+        return unit.key(self.specs[unit.run].name)
 
-    def run(self, workers: int = 1, threads: int = 1) -> list[dict[str, Any]]:
-        """Run every unit (a pre-training, or one fine-tuning of one variant on one task) in ``workers``
-        processes of ``threads`` torch threads. Every unit seeds itself and a fine-tuning starts from
-        the pre-training saved on disk, so the numbers do not depend on how units are scheduled. Only
-        this process prints: one line per finished unit with the count, elapsed time and an ETA."""
-        previous = torch.get_num_threads()
-        torch.set_num_threads(workers * threads)  # no worker runs yet: the feature extraction takes their cores
-        try:
-            for spec in self.specs:  # extract shared features once, before any worker starts
-                self.environment(spec)
-        finally:
-            torch.set_num_threads(previous)
-        units = self.all_units()
-        pretrain = [u for u in units if len(u) == 2]
-        scratch = [u for u in units if len(u) == 4 and u[2] == "scratch"]
+    def unit_dir(self, unit: Unit) -> Path:
+        return self.output_dir / "runs" / self.key(unit)
+
+    def unit_config(self, unit: Unit) -> dict[str, Any]:
+        """Everything that decides a unit's result (its hash is the unit's identity on disk); a fine-tuning
+        of the pre-trained variant includes its pre-training's."""
+        spec = self.specs[unit.run]
         budget = self.compare["budget"]
-        progress = _Progress(units, workers, self.say, lambda i: self.specs[i].name,
-                             lambda u: budget["pretrain_steps"] if len(u) == 2 else budget["finetune_steps"][u[3]])
-        if workers <= 1:
-            done = {}
-            for u in [u for u in units if len(u) == 2] + [u for u in units if len(u) == 4]:
-                done[u] = self.run_unit(u)
-                progress.finished(u, done[u])
-        else:
-            done = self._run_pool(pretrain, scratch, workers, threads, progress)
-        self._collect(done)
-        return self.records
+        common = {"model": spec.model, "data": run_data(self.cfg["data"], spec), "seed": unit.seed, "threads": self.cfg.get("threads"),
+                  "gpus_per_unit": self.compare.get("gpus_per_unit") or 0, "eval_split": self.compare.get("eval_split", "val")}
+        if unit.is_pretrain:
+            zero_shot = "retrieval" in self.compare["tasks"] and self.compare.get("zero_shot", True)
+            return {**common, "kind": "pretrain", "mix": objective_mix(spec),
+                    "trainer": self.trainer_cfg("pretrain", budget["pretrain_steps"], spec.trainer),
+                    "itm_pairs": self.compare.get("itm_pairs", 2000),
+                    "zero_shot": self.task_cfg("retrieval", spec) if zero_shot else None}
+        parent = unit.depends_on()
+        return {**common, "kind": "finetune", "variant": unit.variant, "task": self.task_cfg(unit.task, spec),
+                "trainer": self.trainer_cfg("finetune", budget["finetune_steps"][unit.task],
+                                            (self.compare["trainer"].get("tasks") or {}).get(unit.task)),
+                "pretraining": self.unit_config(parent) if parent else None}
 
-    def _run_pool(self, pretrain, scratch, workers: int, threads: int, progress: "_Progress") -> dict[tuple, dict[str, Any]]:
-        """Pre-trainings first, baselines behind them; a pre-training's fine-tunings are queued as soon
-        as it finishes, so no worker waits for a phase to end."""
-        import multiprocessing
-        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    def run_unit(self, unit: Unit) -> dict[str, Any]:
+        return self.pretrain_unit(unit) if unit.is_pretrain else self.finetune_unit(unit)
 
-        context = multiprocessing.get_context("spawn")
-        done: dict[tuple, dict[str, Any]] = {}
-        with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                                 initargs=(self.cfg, self.output_dir, threads)) as pool:
-            pending = {pool.submit(_unit_in_worker, u): u for u in pretrain + scratch}
-            while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    unit = pending.pop(future)
-                    done[unit] = future.result()
-                    progress.finished(unit, done[unit])
-                    if len(unit) == 2:
-                        pending.update({pool.submit(_unit_in_worker, u): u
-                                        for u in self.finetune_units(*unit, "pretrained")})
-        return done
-
-    def run_unit(self, unit: tuple) -> dict[str, Any]:
-        return self.pretrain_unit(*unit) if len(unit) == 2 else self.finetune_unit(*unit)
-
-    def _pretrain_dir(self, spec: RunSpec, seed: int) -> Path:
-        return self.output_dir / "runs" / spec.name / f"seed{seed}" / "pretrain"
-
-    def pretrain_unit(self, index: int, seed: int) -> dict[str, Any]:
-        """Pre-train run ``index`` at ``seed`` (saved for its fine-tunings), then score zero-shot retrieval."""
+    def pretrain_unit(self, unit: Unit) -> dict[str, Any]:
+        """Pre-train a run at a seed (saved for its fine-tunings), then score held-out ITM and zero-shot retrieval."""
         from accelerate.utils import set_seed
 
-        spec = self.specs[index]
+        from vlkit.train.trainer import read_metrics
+
+        spec, seed = self.specs[unit.run], unit.seed
         env = self.environment(spec)
         steps = self.compare["budget"]["pretrain_steps"]
         set_seed(seed)
         model = pipeline.build_run_model(env, spec.model)
         seen: list[str] = []
         start = time.perf_counter()
+        out_dir = self.unit_dir(unit)
         pre, result = pipeline.pretrain_model(env, model, objective_mix(spec), self.trainer_cfg("pretrain", steps, spec.trainer),
-                                              self._pretrain_dir(spec, seed), seed, seen)
+                                              out_dir, seed, seen)
         wall = time.perf_counter() - start
         dataset = pipeline.pretraining_dataset(env)
-        out = {"ids": digest(seen), "curve": result.history,
+        curve = read_metrics(out_dir)  # every step since step 0, also after a resume
+        out = {"ids": digest(seen), "curve": curve,
                "data": {"pretrain": digest((r["id"], r["image_id"], r["caption"]) for r in dataset.data)},
                "stats": {"pretrain_wall_s": wall, "train_samples_per_s": len(seen) / wall if wall else float("nan"),
-                         "pretrain_final_loss": result.history[-1]["loss"] if result.history else float("nan")},
+                         "pretrain_final_loss": curve[-1]["loss"] if curve else float("nan")},
                "metrics": {}}
         if "itm" in pre.objectives:
             pairs = self.eval_pairs(spec)
@@ -263,17 +243,17 @@ class Comparison:
                                                                            env.world)
         return self._task_data[key]
 
-    def finetune_unit(self, index: int, seed: int, variant: str, task: str) -> dict[str, Any]:
-        """Fine-tune the pre-trained (``variant="pretrained"``) or freshly initialised model on ``task``."""
+    def finetune_unit(self, unit: Unit) -> dict[str, Any]:
+        """Fine-tune the pre-trained (``variant="pretrained"``) or freshly initialised model on the unit's task."""
         from accelerate.utils import set_seed
 
-        spec = self.specs[index]
+        spec, seed, task = self.specs[unit.run], unit.seed, unit.task
         env = self.environment(spec)
         steps = self.compare["budget"]["finetune_steps"][task]
         set_seed(seed)
-        model = (pipeline.load_pretraining(self._pretrain_dir(spec, seed)) if variant == "pretrained"
-                 else pipeline.build_run_model(env, spec.model))
-        out_dir = self.output_dir / "runs" / spec.name / f"seed{seed}" / f"{variant}-{task}"
+        parent = unit.depends_on()
+        model = pipeline.load_pretraining(self.unit_dir(parent)) if parent else pipeline.build_run_model(env, spec.model)
+        out_dir = self.unit_dir(unit)
         seen: list[str] = []
         start = time.perf_counter()
         task_cfg = self.task_cfg(task, spec)
@@ -288,34 +268,41 @@ class Comparison:
                "data": {task: digest(_dataset_keys(data.train))}}
         if task == "vqa":
             out["latency_ms"] = inference_latency(module.model, data.train)
-        out["shown"] = ", ".join(f"{k} {100 * v:.1f}" for k, v in metrics.items() if k in HEADLINE)
         return out
 
-    def _collect(self, done: dict[tuple, dict[str, Any]]) -> None:
-        """One record per (run, variant, seed) from the units' results, in report order."""
+    def collect(self, done: dict[Unit, dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+        """(records, audit, curves) from the results of the finished units: one record per (run, variant,
+        seed) in report order with what its finished units give (none: no record)."""
+        records: list[dict[str, Any]] = []
+        audit: dict[str, Any] = {"pretrain_ids": {}, "finetune_ids": {}, "data": {}}
+        curves: dict[str, list[dict[str, Any]]] = {}
         for seed in self.compare["seeds"]:
             for i, spec in enumerate(self.specs):
                 for variant in self.variants(spec):
-                    pre = done.get((i, seed)) if variant == "pretrained" else None
+                    pre = done.get(Unit(i, seed)) if variant == "pretrained" else None
+                    parts = ([pre] if pre else []) + [done[u] for u in self.finetune_units(i, seed, variant) if u in done]
+                    if not parts:
+                        continue
                     record: dict[str, Any] = {
                         "run": spec.name, "variant": variant, "family": spec.family,
-                        "preset": spec.model.get("preset"), "objectives": mix_label(spec) if pre else None,
-                        "mix": spec.mix if pre else None, "seed": seed, **(pre["stats"] if pre else {})}
-                    parts = ([pre] if pre else []) + [done[u] for u in self.finetune_units(i, seed, variant)]
+                        "preset": spec.model.get("preset"), "objectives": mix_label(spec) if variant == "pretrained" else None,
+                        "mix": spec.mix if variant == "pretrained" else None, "seed": seed, **(pre["stats"] if pre else {})}
                     if pre:
-                        self.audit["pretrain_ids"][f"{spec.name}/seed{seed}"] = pre["ids"]
-                        self.curves[f"{spec.name}/seed{seed}"] = pre["curve"]
+                        audit["pretrain_ids"][f"{spec.name}/seed{seed}"] = pre["ids"]
+                        curves[f"{spec.name}/seed{seed}"] = pre["curve"]
                     for part in parts:
                         record.update(part["metrics"])
-                        self.audit["data"].update(part["data"])
-                        self.audit["finetune_ids"].update(part.get("finetune_ids", {}))
+                        audit["data"].update(part["data"])
+                        audit["finetune_ids"].update(part.get("finetune_ids", {}))
                         for key in ("params", "latency_ms"):
                             if key in part:
                                 record[key] = part[key]
                     record.update({f"{p['task']}_wall_s": p["wall_s"] for p in parts if "task" in p})
                     record["wall_s"] = sum(p["wall_s"] for p in parts)
                     record["meta_sum"] = _meta_sum(record)
-                    self.records.append(record)
+                    records.append(record)
+        audit["data_hash"] = digest(sorted(audit["data"].items()))
+        return records, audit, curves
 
     def _zero_shot(self, env, pre: Any, spec: RunSpec) -> dict[str, float]:
         from vlkit.tasks import build_task
@@ -326,21 +313,6 @@ class Comparison:
         task = build_task("retrieval", pre, scorer="itm", **options, **data.options)
         raw = task.evaluate(data.eval[self.compare.get("eval_split", "val")], batch_size=task_cfg.get("eval_batch_size", 64))
         return {f"zs_{k}": float(v) for k, v in raw.items()}
-
-
-_WORKER: Comparison | None = None  # the comparison a worker process serves (its environments cached)
-
-
-def _init_worker(cfg: dict[str, Any], output_dir: Path, threads: int) -> None:
-    """A worker process: ``threads`` torch threads, silent (the parent prints progress, so lines never mix)."""
-    global _WORKER
-    torch.set_num_threads(threads)
-    _WORKER = Comparison(cfg, output_dir, progress=False)
-
-
-def _unit_in_worker(unit: tuple) -> dict[str, Any]:
-    assert _WORKER is not None, "_init_worker did not run"
-    return _WORKER.run_unit(unit)
 
 
 def _dataset_keys(dataset: Any) -> Iterable[Any]:
@@ -358,50 +330,58 @@ def _metric_name(task: str, key: str) -> str:
 
 
 def _meta_sum(metrics: dict[str, float]) -> float:
-    """UNITER's Meta-Sum (VQA + IR R@1 + TR R@1 + NLVR2 + RefExp, in points); NaN when one is missing."""
+    """UNITER's Meta-Sum (VQA + IR R@1 + TR R@1 + NLVR2 + RefExp), a fraction sum like every record metric
+    (the report shows it in points); NaN when one is missing."""
     keys = ("vqa", "ir_r1", "tr_r1", "nlvr2", "refexp")
     if not all(k in metrics for k in keys):
         return float("nan")
-    return 100 * sum(metrics[k] for k in keys)
+    return sum(metrics[k] for k in keys)
 
 
-class _Progress:
+class Progress:
     """Units done of the total, elapsed time and an ETA: each remaining unit costs its step count times the
     seconds per step of finished units of its kind (pre-training of a run, fine-tuning of a task), else of
-    its stage, else of any unit; spread over the workers."""
+    its stage, else of any unit; spread over the slots that run units side by side."""
 
-    def __init__(self, units: list[tuple], workers: int, say: Any, run_name: Any, steps: Any):
-        self.remaining = list(units)
-        self.total, self.workers, self.say, self.run_name, self.steps = len(units), max(1, workers), say, run_name, steps
+    def __init__(self, comparison: Comparison, units: list[Unit], slots: int):
+        self.comparison, self.remaining = comparison, list(units)
+        self.total, self.slots = len(units), max(1, slots)
         self.start = time.perf_counter()
         self.per_step: dict[Any, list[float]] = {}
 
-    @staticmethod
-    def kinds(unit: tuple) -> tuple[Any, ...]:
-        """The unit's kind, its stage, and everything: from the most to the least specific."""
-        return (("pretrain", unit[0]), "pretrain", "all") if len(unit) == 2 else \
-            (("finetune", unit[0], unit[3]), "finetune", "all")
+    def steps(self, unit: Unit) -> int:
+        budget = self.comparison.compare["budget"]
+        return budget["pretrain_steps"] if unit.is_pretrain else budget["finetune_steps"][unit.task]
 
-    def estimate(self, unit: tuple) -> float:
+    @staticmethod
+    def kinds(unit: Unit) -> tuple[Any, ...]:
+        """The unit's kind, its stage, and everything: from the most to the least specific."""
+        return (("pretrain", unit.run), "pretrain", "all") if unit.is_pretrain else \
+            (("finetune", unit.run, unit.task), "finetune", "all")
+
+    def estimate(self, unit: Unit) -> float:
         for kind in self.kinds(unit):
             if kind in self.per_step:
                 return self.steps(unit) * sum(self.per_step[kind]) / len(self.per_step[kind])
         return 0.0
 
-    def finished(self, unit: tuple, result: dict[str, Any]) -> None:
-        seconds = result["wall_s"]
+    def finished(self, unit: Unit, state: str, result: dict[str, Any] | None, note: str = "") -> None:
+        """Say that ``unit`` ended (``finished``, ``failed``, ``skipped``, or reused from an earlier attempt)."""
         self.remaining.remove(unit)
-        for kind in self.kinds(unit):
-            self.per_step.setdefault(kind, []).append(seconds / max(1, self.steps(unit)))
+        if result is not None and state == "finished":
+            for kind in self.kinds(unit):
+                self.per_step.setdefault(kind, []).append(result["wall_s"] / max(1, self.steps(unit)))
         done = self.total - len(self.remaining)
         elapsed = time.perf_counter() - self.start
-        eta = sum(self.estimate(u) for u in self.remaining) / self.workers
-        name = self.run_name(unit[0])
-        what = f"{name}/seed{unit[1]} pre-training" if len(unit) == 2 else f"{name}/seed{unit[1]} {unit[2]} {unit[3]}"
-        shown = result.get("shown") or ", ".join(f"{k} {100 * v:.1f}" for k, v in result.get("metrics", {}).items()
-                                                 if k in HEADLINE)
-        self.say(f"{done}/{self.total} units done; {what} {seconds:.0f} s" + (f" ({shown})" if shown else "")
-                 + f"; elapsed {_clock(elapsed)}" + (f", ETA {_clock(eta)}" if self.remaining else ""))
+        eta = sum(self.estimate(u) for u in self.remaining) / self.slots
+        what = self.comparison.key(unit)
+        if state == "finished" and result is not None:
+            shown = ", ".join(f"{k} {100 * v:.1f}" for k, v in result.get("metrics", {}).items() if k in HEADLINE)
+            what += f" {result['wall_s']:.0f} s" + (f" ({shown})" if shown else "")
+        else:
+            what += f" {state}" + (f": {note}" if note else "")
+        self.comparison.say(f"{done}/{self.total} units done; {what}; elapsed {_clock(elapsed)}"
+                            + (f", ETA {_clock(eta)}" if self.remaining else ""))
 
 
 def _clock(seconds: float) -> str:

@@ -188,7 +188,7 @@ def detectable_effects(tests: list[dict[str, Any]], n: int) -> dict[str, dict[st
 
 def chance_levels(records: list[dict[str, Any]]) -> dict[str, float]:
     """Metric -> its chance or trivial-baseline level on the evaluation set (the same for every run);
-    Meta-Sum's is the sum of its parts' (in points)."""
+    Meta-Sum's is the sum of its parts'."""
     out = {}
     for metric, key in CHANCE_KEYS.items():
         values = _finite([r.get(key) for r in records])
@@ -196,7 +196,7 @@ def chance_levels(records: list[dict[str, Any]]) -> dict[str, float]:
             out[metric] = values[0]
     parts = ("vqa", "ir_r1", "tr_r1", "nlvr2", "refexp")
     if all(p in out for p in parts):
-        out["meta_sum"] = 100 * sum(out[p] for p in parts)
+        out["meta_sum"] = sum(out[p] for p in parts)
     return out
 
 

@@ -217,10 +217,19 @@ def _fit_tokenizers(pre, dataset, samples: int = 256) -> None:
 
 
 class RecordingLoader:
-    """A training loader that remembers the id of every example it hands out (identical-data audit)."""
+    """A training loader that remembers the id of every example it hands out (identical-data audit). Its
+    state travels with the trainer's checkpoints, so a resumed run reports every id since step 0."""
 
     def __init__(self, loader: Any, seen: list[str]):
         self.loader, self.seen = loader, seen
+        self._replayed = 0  # batches a resume skips over again (already in ``seen``)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seen": list(self.seen)}
+
+    def load_state_dict(self, state: Mapping[str, Any], replayed: int = 0) -> None:
+        self.seen[:] = state["seen"]
+        self._replayed = replayed
 
     @property
     def dataset(self) -> Any:
@@ -236,7 +245,10 @@ class RecordingLoader:
 
     def __iter__(self):
         for batch in self.loader:
-            self.seen.extend(batch.ids or [])
+            if self._replayed:
+                self._replayed -= 1
+            else:
+                self.seen.extend(batch.ids or [])
             yield batch
 
 

@@ -310,6 +310,8 @@ class Trainer:
         source = _stream(data)
         if restored is not None and source is not None and "stream" in restored:
             source.check_state(restored["stream"], getattr(data, "num_workers", 0), where=str(path))
+        if restored is not None and "loader" in restored and hasattr(data, "load_state_dict"):
+            data.load_state_dict(restored["loader"], replayed=consumed)  # e.g. the ids a RecordingLoader saw
         stream = _BatchStream(data, epoch, consumed)
         if restored is not None:  # after opening the data, which may draw from the global RNG
             self._restore_rng(restored, path)
@@ -427,6 +429,8 @@ class Trainer:
             source = _stream(stream.data)
             if source is not None:  # the stream's position and layout
                 state["stream"] = source.state(stream.consumed, getattr(stream.data, "num_workers", 0))
+            if hasattr(stream.data, "state_dict"):  # what a wrapping loader keeps across a resume
+                state["loader"] = stream.data.state_dict()
             path = ckpt.save_checkpoint(self.checkpoint_dir, step, acc.unwrap_model(model), optimizer, scheduler,
                                         rngs, state, acc.scaler, self.cfg.keep_checkpoints)
         acc.wait_for_everyone()

@@ -1,0 +1,195 @@
+"""Issue 20: the executors. submitit (its local executor: the same code path as SLURM) and Ray (a
+local instance started on 127.0.0.1) reproduce the local executor's records; the sbatch script of a
+2-node x 8-GPU unit asks for its resources and launches one task per GPU; a dry run prints the plan."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vlkit.cli import main
+
+from compare_helpers import records, untimed
+
+SMALL = ["compare=smoke", "compare.seeds=[0]", "compare.tasks=[vqa,nlvr2]", "threads=1", "progress=false"]
+
+
+@pytest.fixture(scope="module")
+def local_records(tmp_path_factory):
+    root = tmp_path_factory.mktemp("executors")
+    assert main(["compare", *SMALL, f"output_dir={root / 'local'}", f"cache_dir={root / 'cache'}", "workers=2"]) == 0
+    return root, [untimed(r) for r in records(root / "local")]
+
+
+@pytest.mark.slow
+def test_submitit_local_executor_reproduces_the_local_records(local_records):
+    root, expected = local_records
+    out = root / "slurm"
+    assert main(["compare", *SMALL, f"output_dir={out}", f"cache_dir={root / 'cache'}", "compare.executor=slurm",
+                 "compare.slurm.cluster=local", "compare.slurm.array_parallelism=2", "compare.slurm.timeout_min=30"]) == 0
+    assert [untimed(r) for r in records(out)] == expected
+    assert list((out / "slurm").glob("*/*_result.pkl"))  # submitit's own job folders: the jobs really ran there
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_ray_executor_reproduces_the_local_records(local_records):
+    ray = pytest.importorskip("ray")
+    root, expected = local_records
+    port = _free_port()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    started = subprocess.run(["ray", "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
+                              "--include-dashboard=false", "--disable-usage-stats"], env=env, capture_output=True,
+                             text=True, timeout=300)
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        out = root / "ray"
+        assert main(["compare", *SMALL, f"output_dir={out}", f"cache_dir={root / 'cache'}", "compare.executor=ray",
+                     f"compare.ray.address=127.0.0.1:{port}", "compare.ray.max_concurrent=2"]) == 0
+        assert [untimed(r) for r in records(out)] == expected
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+def test_sbatch_script_of_a_two_node_eight_gpu_unit(tmp_path, monkeypatch):
+    """The script submitit hands to sbatch for one unit (a stand-in sbatch keeps it): its resources, the
+    requeue signal and one task per GPU launched by srun."""
+    from vlkit.compare.executors import ExecutorSettings, SlurmExecutor
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\ncp "$1" {tmp_path}/submitted.sh\necho "Submitted batch job 4242"\n')
+    for tool in ("srun", "scancel", "sacct", "squeue"):
+        (bin_dir / tool).write_text("#!/bin/sh\nexit 0\n")
+    for path in bin_dir.iterdir():
+        path.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    cfg = {"threads": 4, "workers": 1, "compare": {"gpus_per_unit": 8, "slurm": {
+        "partition": "learnfair", "nodes": 2, "gpus_per_node": 8, "cpus_per_task": 10, "mem_gb": 480,
+        "timeout_min": 4320, "account": "vl", "qos": "high", "constraint": "volta32gb", "array_parallelism": 16}}}
+    executor = SlurmExecutor(plan, ExecutorSettings(cfg))
+    executor.submit("uniter/seed0/pretrain")
+    script = (tmp_path / "submitted.sh").read_text()
+    for line in ("#SBATCH --nodes=2", "#SBATCH --gpus-per-node=8", "#SBATCH --ntasks-per-node=8",
+                 "#SBATCH --cpus-per-task=10", "#SBATCH --mem=480GB", "#SBATCH --time=4320",
+                 "#SBATCH --partition=learnfair", "#SBATCH --account=vl", "#SBATCH --qos=high",
+                 "#SBATCH --constraint=volta32gb", "#SBATCH --signal=USR2@90", "#SBATCH --job-name=vlkit-compare"):
+        assert line in script, (line, script)
+    launch = [line for line in script.splitlines() if line.startswith("srun")]
+    assert len(launch) == 1 and "-m submitit.core._submit" in launch[0], script
+    assert executor.slots == 16
+
+
+def test_unknown_slurm_key_is_refused():
+    from vlkit.compare.executors import ExecutorSettings, slurm_parameters
+
+    with pytest.raises(KeyError, match="compare.slurm: unknown key.s. partiton"):
+        slurm_parameters(ExecutorSettings({"compare": {"slurm": {"partiton": "x"}}}))
+
+
+def test_dry_run_prints_every_unit_and_the_cost_per_executor(capsys, cache):
+    assert main(["compare", *SMALL, f"cache_dir={cache}", "dry_run=true"]) == 0
+    out = capsys.readouterr().out
+    for key in ("vilbert/seed0/pretrain", "uniter/seed0/pretrained-vqa", "meter/seed0/scratch-nlvr2"):
+        assert f"| {key} |" in out
+    assert "| uniter/seed0/pretrained-nlvr2 | uniter/seed0/pretrain | 3 |" in out
+    assert "s/step" in out and "CPU-thread-hours" in out
+    for name in ("local", "slurm", "ray"):
+        assert f"executor {name}:" in out
+
+
+def test_local_executor_gives_each_worker_its_own_gpus(monkeypatch, tmp_path):
+    from vlkit.compare.executors import ExecutorSettings, LocalExecutor
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    one = LocalExecutor(tmp_path / "plan.json", ExecutorSettings({"compare": {"gpus_per_unit": 1}}))
+    assert one.slots == 8 and [e["CUDA_VISIBLE_DEVICES"] for e in one.envs] == [str(i) for i in range(8)]
+    assert one.launch is None
+    four = LocalExecutor(tmp_path / "plan.json", ExecutorSettings({"compare": {"gpus_per_unit": 4}}))
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in four.envs] == ["0,1,2,3", "4,5,6,7"]
+    assert four.launch[1:6] == ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "4"]
+    assert four.launch[-2:] == ["-m", "vlkit.compare.worker"]
+    with pytest.raises(ValueError, match="gpus_per_unit=16, but this machine shows 8"):
+        LocalExecutor(tmp_path / "plan.json", ExecutorSettings({"compare": {"gpus_per_unit": 16}}))
+
+
+class _Scripted:
+    """An executor whose units end as the script says (one outcome per attempt)."""
+
+    slots = 2
+
+    def __init__(self, script):
+        self.script, self.started, self.pending = script, [], []
+
+    def submit(self, key):
+        self.started.append(key)
+        self.pending.append(key)
+
+    def wait(self, timeout):
+        key = self.pending.pop(0)
+        return [(key, {"state": self.script[key].pop(0), "error": "boom"})]
+
+
+def test_drive_retries_a_died_unit_but_never_a_failed_one_and_skips_dependents():
+    import threading
+
+    from vlkit.compare.executors import drive
+
+    script = {"a": ["died", "finished"], "b": ["failed"], "a1": ["finished"], "b1": ["finished"], "c": ["died", "died"],
+              "r1": ["finished"]}
+    executor = _Scripted(script)
+    ended = []
+    outcomes = drive(["a", "b", "c", "a1", "b1", "r1"], {"a1": "a", "b1": "b", "r1": "r"}, executor, 1,
+                     lambda key, state, note: ended.append((key, state)), threading.Event())
+    assert {k: o["state"] for k, o in outcomes.items()} == {"a": "finished", "b": "failed", "c": "died",
+                                                             "a1": "finished", "b1": "skipped", "r1": "finished"}
+    assert executor.started.count("a") == 2 and executor.started.count("b") == 1 and executor.started.count("c") == 2
+    assert "b1" not in executor.started and ("a", "retrying") in ended  # r: finished before, not scheduled
+
+
+@pytest.mark.slow
+def test_a_worker_killed_by_the_system_is_retried(local_records, tmp_path):
+    """A worker process SIGKILLed in the middle of a unit (as the OOM killer does): with compare.retries=1
+    the unit runs again and the records are those of an undisturbed run."""
+    import json
+    import signal
+    import threading
+    import time
+
+    root, expected = local_records
+    out = tmp_path / "retried"
+    killed = []
+
+    def kill_first_running_unit():
+        deadline = time.monotonic() + 600
+        while not killed and time.monotonic() < deadline:
+            for path in (out / "runs").glob("*/*/pretrain/unit.json"):
+                state = json.loads(path.read_text())
+                if state["state"] == "running":
+                    os.kill(state["pid"], signal.SIGKILL)
+                    killed.append(state["unit"])
+                    return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=kill_first_running_unit, daemon=True)
+    thread.start()
+    assert main(["compare", *SMALL, f"output_dir={out}", f"cache_dir={root / 'cache'}", "workers=2",
+                 "compare.retries=1"]) == 0
+    thread.join()
+    assert killed
+    assert [untimed(r) for r in records(out)] == expected
+    log = (out / "runs" / killed[0] / "unit.log").read_text()
+    assert "attempt 1" in log and "attempt 2" in log

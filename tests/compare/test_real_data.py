@@ -1,0 +1,70 @@
+"""Issue 20: a comparison on real data files runs like one on shapes. The files are written in their
+publishers' formats (`vlkit make-shapes`: Karpathy's caption json, VQA v2 questions and annotations, NLVR2
+jsonl, RefCOCO refs and instances, PNG images), region features extracted from the images into a store,
+and every task reads its own files (``task.source=files``); the pixel family reads the image folder."""
+import pytest
+
+from vlkit.cli import main
+
+from compare_helpers import records
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("real")
+    assert main(["make-shapes", f"out={root}", "num_images=24", "val_images=8", "test_images=0"]) == 0
+    assert main(["extract-features", f"images={root / 'images'}", f"out={root / 'feats.h5'}", "device=cpu",
+                 "batch_size=8", "progress=false"]) == 0
+    return root
+
+
+def _comparison(root, data_args, pixels):
+    split = {"train": "train", "val": "val"}
+    vqa = {s: {"questions": str(root / f"v2_OpenEnded_mscoco_{s}_questions.json"),
+               "annotations": str(root / f"v2_mscoco_{s}_annotations.json")} for s in split}
+    nlvr2 = {s: str(root / f"{s}.json") for s in split}
+    path = root / f"runs-{data_args[0].split('=')[1]}.yaml"
+    path.write_text(f"""# @package _global_
+defaults:
+  - smoke
+  - _self_
+compare:
+  seeds: [0]
+  zero_shot: false
+  tasks: [vqa, retrieval, nlvr2, refexp]
+  itm_pairs: 16
+  task_overrides:
+    vqa: {{source: files, files: {vqa}}}
+    retrieval: {{source: files, path: {root / 'dataset_shapes.json'}, options: {{eval_mode: rerank, rerank_k: 4}}}}
+    nlvr2: {{source: files, files: {nlvr2}}}
+    refexp: {{source: files, refs: "{root / 'refs(unc).json'}", instances: {root / 'instances.json'}}}
+  runs:
+    - {{name: uniter, model: {{name: uniter, preset: tiny}}, objectives: uniter}}
+    - {{name: meter, model: {{name: meter, preset: tiny}}, objectives: meter,
+       data: {{image: {pixels}}}}}
+""")
+    return [f"compare={path}", *data_args, "threads=1", "progress=false", "workers=2"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("data", ["coco", "shards"])
+def test_a_comparison_on_real_data_files(files, tmp_path, data):
+    if data == "coco":
+        data_args = ["data=coco", f"data.path={files / 'dataset_shapes.json'}", "data.split=[train]",
+                     f"data.image.path={files / 'feats.h5'}", "data.tokenizer=shapes", "data.max_len=40"]
+        pixels = f"{{source: folder, path: {files / 'images'}}}"
+    else:
+        shards = tmp_path / "shards"
+        assert main(["make-shards", "source=jsonl", f"path={files / 'captions.jsonl'}", f"images={files / 'images'}",
+                     f"out={shards}", "shard_size=40"]) == 0
+        data_args = ["data=shards", f"data.path={shards}", "data.image.source=features",
+                     f"data.image.path={files / 'feats.h5'}"]
+        pixels = "{source: shards, path: null}"
+    out = tmp_path / "out"
+    assert main(["compare", *_comparison(files, data_args, pixels), f"output_dir={out}", f"cache_dir={tmp_path}"]) == 0
+    rows = {(r["run"], r["variant"]): r for r in records(out)}
+    assert set(rows) == {("uniter", "pretrained"), ("uniter", "scratch"), ("meter", "pretrained"), ("meter", "scratch")}
+    for (run, _), r in rows.items():
+        assert {"vqa", "ir_r1", "tr_r1", "nlvr2"} <= set(r) and 0 <= r["vqa"] <= 1
+        assert ("refexp" in r) == (run == "uniter")  # METER has no region head
+    assert rows[("uniter", "pretrained")]["itm_acc"] >= 0

@@ -1,0 +1,129 @@
+"""``vlkit compare ... dry_run=true``: every unit with its dependency and resources, and what the comparison
+will cost, from a short probe measured on this machine (a few training steps of each distinct model and
+objective mix, and of each distinct model and task), before anything is spent."""
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+PROBE_STEPS = 3  # timed steps per probe, after one untimed step
+
+
+def _timed(fit: Any, steps: int) -> float:
+    """Seconds of ``fit(steps)``."""
+    start = time.perf_counter()
+    fit(steps)
+    return time.perf_counter() - start
+
+
+def probe(comparison: Any, steps: int = PROBE_STEPS) -> dict[str, float]:
+    """Seconds per training step of each distinct (model, mix) pre-training and (model, task) fine-tuning:
+    the time of ``1 + steps`` steps minus that of one step (set-up, data and first-step costs cancel out).
+    Each distinct model is built once and trained on by every probe of it (timing only)."""
+    import json
+
+    from vlkit.compare.config import objective_mix
+    from vlkit.train import pipeline
+
+    seconds: dict[str, float] = {}
+    models: dict[str, Any] = {}
+    for unit in comparison.all_units():
+        spec = comparison.specs[unit.run]
+        kind = probe_kind(comparison, unit)
+        if kind in seconds:  # a fine-tuning costs the same from either variant: probed once
+            continue
+        env = comparison.environment(spec)
+        model_key = json.dumps(spec.model, sort_keys=True)
+        if model_key not in models:
+            models[model_key] = pipeline.build_run_model(env, spec.model)
+        model = models[model_key]
+        stage = "pretrain" if unit.is_pretrain else "finetune"
+        extra = spec.trainer if unit.is_pretrain else (comparison.compare["trainer"].get("tasks") or {}).get(unit.task)
+
+        def fit(n: int) -> None:
+            trainer = {**comparison.trainer_cfg(stage, n, extra), "save_every": 0, "log_every": 1}
+            with tempfile.TemporaryDirectory(prefix="vlkit-probe-") as tmp:
+                if unit.is_pretrain:
+                    pipeline.pretrain_model(env, model, objective_mix(spec), trainer, Path(tmp), unit.seed)
+                else:
+                    task_cfg = comparison.task_cfg(unit.task, spec)
+                    pipeline.finetune_task(env, model, task_cfg, trainer, Path(tmp), unit.seed, (),
+                                           data=comparison.task_data(env, task_cfg))
+
+        seconds[kind] = max(0.0, _timed(fit, 1 + steps) - _timed(fit, 1)) / steps
+    return seconds
+
+
+def probe_kind(comparison: Any, unit: Any) -> str:
+    spec = comparison.specs[unit.run]
+    model = spec.model.get("preset") and f"{spec.family}_{spec.model['preset']}" or spec.family
+    return f"{model} {spec.objectives}" if unit.is_pretrain else f"{model} {unit.task}"
+
+
+def simulate(durations: dict[str, float], depends: dict[str, str | None], order: list[str], slots: int) -> float:
+    """Wall seconds of running ``order`` on ``slots`` side by side, each unit as soon as a slot is free and
+    the unit it depends on has ended (the scheduler of `vlkit.compare.executors.drive`)."""
+    free = [0.0] * max(1, slots)
+    end: dict[str, float] = {}
+    for key in order:
+        slot = min(range(len(free)), key=free.__getitem__)
+        start = max(free[slot], end.get(depends.get(key) or "", 0.0))
+        end[key] = free[slot] = start + durations[key]
+    return max(end.values(), default=0.0)
+
+
+def dry_run(comparison: Any, settings: Any) -> str:
+    """The plan as text: one line per unit, then device-hours and wall time per executor."""
+    import torch
+
+    from vlkit.compare.report import markdown_table
+
+    units = comparison.all_units()
+    budget = comparison.compare["budget"]
+    gpus = settings.gpus_per_unit
+    slurm_nodes = int(settings.slurm.get("nodes") or 1)
+    device = f"{gpus} GPU(s)" if gpus else f"{settings.threads} CPU thread(s)"
+    measured = probe(comparison)
+    lines, durations, depends = [], {}, {}
+    for unit in units:
+        key = comparison.key(unit)
+        parent = unit.depends_on()
+        depends[key] = comparison.key(parent) if parent else None
+        steps = budget["pretrain_steps"] if unit.is_pretrain else budget["finetune_steps"][unit.task]
+        durations[key] = steps * measured[probe_kind(comparison, unit)]
+        lines.append([key, depends[key] or "–", str(steps), device, f"{durations[key] / 60:.1f}"])
+    total = sum(durations.values())
+    unit_devices = max(1, gpus) * slurm_nodes if gpus else 1
+    order = [comparison.key(u) for u in units]
+    slots = {"local": max(1, (len(_gpus()) // gpus) if gpus else settings.workers),
+             "slurm": int(settings.slurm.get("array_parallelism") or 256),
+             "ray": int(settings.ray.get("max_concurrent") or settings.workers)}
+    hours = total * unit_devices / 3600
+    what = "GPU-hours" if gpus else "CPU-thread-hours" if settings.threads == 1 else "CPU-hours"
+    probes = ", ".join(f"{k} {v:.3f} s/step" for k, v in measured.items())
+    out = [f"vlkit compare dry run: {len(units)} units ({sum(u.is_pretrain for u in units)} pre-trainings) of "
+           f"{len(comparison.specs)} run(s) x {len(comparison.compare['seeds'])} seed(s); nothing is run.", "",
+           markdown_table(["unit", "after", "steps", "resources", "est. min"], lines), "",
+           f"Probe on this machine ({_device_name()}, {torch.get_num_threads()} torch thread(s), {PROBE_STEPS} timed "
+           f"steps each): {probes}.",
+           f"Estimated cost: {total / 3600:.2f} h of unit time = {hours:.2f} {what} "
+           f"({unit_devices} device(s) per unit; training steps only, evaluations not included)."]
+    for name, n in slots.items():
+        out.append(f"- executor {name}: {n} unit(s) at once -> about {simulate(durations, depends, order, n) / 3600:.2f} h wall")
+    return "\n".join(out)
+
+
+def _gpus() -> list[str]:
+    from vlkit.compare.executors import visible_gpus
+
+    return visible_gpus()
+
+
+def _device_name() -> str:
+    import platform
+
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else (platform.processor() or platform.machine())

@@ -1,0 +1,364 @@
+"""Where the units of a comparison run: ``compare.executor=local | slurm | ray`` (`vlkit.registry.EXECUTORS`,
+a registry a plugin joins with `vlkit.registry.register_executor`).
+
+An executor starts a unit (`submit`) and reports the units that ended (`wait`) as outcomes: ``finished``,
+``failed`` (the unit raised: deterministic, never retried) or ``died`` (its process or node was lost: an
+OOM kill, a pre-emption, a lost node; retried up to ``compare.retries`` times). Every executor runs the
+same `vlkit.compare.worker.run_job`, so records are identical across executors. `drive` is the one
+scheduler over them: units start when the units they depend on finished, at most ``slots`` at a time;
+the dependents of a failed unit are skipped; everything else goes on.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from vlkit.registry import register_executor
+
+# An executor class is ``cls(plan_path, settings)`` (`ExecutorSettings`) with ``slots`` (units at once),
+# ``submit(key)``, ``wait(timeout) -> [(key, outcome)]`` and ``close()`` (stop what still runs).
+
+
+class ExecutorSettings:
+    """What every executor is told: workers and threads per unit, the GPUs a unit takes, the comparison's
+    ``compare.slurm`` / ``compare.ray`` blocks."""
+
+    def __init__(self, cfg: dict[str, Any]):
+        compare = cfg["compare"]
+        self.workers = int(cfg.get("workers") or min(2, os.cpu_count() or 1))
+        self.threads = int(cfg.get("threads") or 1)
+        self.gpus_per_unit = int(compare.get("gpus_per_unit") or 0)
+        self.slurm = dict(compare.get("slurm") or {})
+        self.ray = dict(compare.get("ray") or {})
+
+
+def drive(units: list[str], depends: dict[str, str | None], executor: Any, retries: int,
+          ended: Callable[[str, str, str], None], stop: threading.Event) -> dict[str, dict[str, Any]]:
+    """Run ``units`` (keys, in start order) on ``executor``; ``depends[key]`` is the unit it waits for.
+    Returns ``key -> outcome`` (``state``: finished, failed, died or skipped, ``error``), calling
+    ``ended(key, state, note)`` as each ends. ``stop`` set: nothing new starts and the call returns."""
+    outcomes: dict[str, dict[str, Any]] = {}
+    attempts: dict[str, int] = {}
+    scheduled = set(units)  # a unit depended on but not scheduled here has finished before
+    waiting = list(units)
+    running: set[str] = set()
+    while (waiting or running) and not stop.is_set():
+        for key in list(waiting):
+            parent = depends.get(key) if depends.get(key) in scheduled else None
+            if parent is not None and parent in outcomes and outcomes[parent]["state"] != "finished":
+                waiting.remove(key)
+                outcomes[key] = {"state": "skipped", "error": f"{parent} did not finish"}
+                ended(key, "skipped", outcomes[key]["error"])
+            elif len(running) < executor.slots and (parent is None or parent in outcomes):
+                waiting.remove(key)
+                running.add(key)
+                attempts[key] = attempts.get(key, 0) + 1
+                executor.submit(key)
+        if not running:
+            if waiting:
+                raise RuntimeError(f"compare: {waiting[0]} waits for {depends.get(waiting[0])}, which never runs")
+            continue
+        for key, outcome in executor.wait(timeout=1.0):
+            running.discard(key)
+            if outcome["state"] == "died" and attempts[key] <= retries:
+                ended(key, "retrying", f"{outcome.get('error')}; retry {attempts[key]} of {retries}")
+                waiting.insert(0, key)
+                continue
+            outcomes[key] = outcome
+            ended(key, outcome["state"], outcome.get("error") or "")
+    return outcomes
+
+
+def _watch_parent() -> None:
+    """End this process when its parent is gone (a SIGKILLed `vlkit compare` leaves no worker behind)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(1)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True, name="vlkit-parent-watch").start()
+
+
+def _pool_worker(connection: Any, plan_path: str, env: dict[str, str], launch: list[str] | None) -> None:
+    """A local worker process: runs the units it is sent, one at a time, until the pipe closes."""
+    os.environ.update(env)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what a Ctrl-C stops
+    _watch_parent()
+    from vlkit.compare.worker import run_job
+
+    while True:
+        try:
+            key = connection.recv()
+        except (EOFError, OSError):
+            return
+        if launch is None:
+            outcome = run_job(plan_path, key)
+        else:  # a unit on several GPUs: one process per GPU through Accelerate
+            code = subprocess.call([*launch, plan_path, key], env=os.environ.copy())
+            outcome = _outcome_on_disk(plan_path, key, f"accelerate launch exited with {code}")
+        connection.send(outcome)
+
+
+def _outcome_on_disk(plan_path: str, key: str, otherwise: str) -> dict[str, Any]:
+    """The outcome a unit recorded in its folder (a unit whose state stayed ``running`` died)."""
+    from vlkit.compare.units import UnitFolder
+
+    state = UnitFolder(Path(plan_path).parent / "runs" / key, key).read() or {}
+    if state.get("state") in ("finished", "failed"):
+        return {"unit": key, "state": state["state"], "error": state.get("error")}
+    return {"unit": key, "state": "died", "error": otherwise}
+
+
+def accelerate_launch(processes: int, devices: str) -> list[str]:
+    """The command that runs one unit as ``processes`` Accelerate processes on ``devices``."""
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+            "--num_machines", "1", "--gpu_ids", devices, "--main_process_port", "0", "-m", "vlkit.compare.worker"]
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use (``CUDA_VISIBLE_DEVICES`` order), without initialising CUDA here."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [d for d in listed.split(",") if d.strip() and d.strip() != "-1"]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+@register_executor("local")
+class LocalExecutor:
+    """Long-lived worker processes on this machine, each with its own devices: with K visible GPUs and
+    ``gpus_per_unit=g``, K // g units at once, each on its own ``CUDA_VISIBLE_DEVICES`` (g > 1: an Accelerate
+    launch over them); without GPUs, ``workers`` processes of ``threads`` torch threads. A worker that dies
+    takes only its unit with it (outcome ``died``) and is replaced."""
+
+    def __init__(self, plan_path: Path, settings: ExecutorSettings):
+        import multiprocessing
+
+        self.plan_path, self.context = str(plan_path), multiprocessing.get_context("spawn")
+        g = settings.gpus_per_unit
+        if g > 0:
+            gpus = visible_gpus()
+            if len(gpus) < g:
+                raise ValueError(f"compare.gpus_per_unit={g}, but this machine shows {len(gpus)} GPU(s)")
+            groups = [",".join(gpus[i:i + g]) for i in range(0, len(gpus) - g + 1, g)]
+            self.envs = [{"CUDA_VISIBLE_DEVICES": group} for group in groups]
+        else:
+            self.envs = [{} for _ in range(settings.workers)]
+        self.launch = accelerate_launch(g, ",".join(str(i) for i in range(g))) if g > 1 else None
+        self.slots = len(self.envs)
+        self.workers: list[Any] = [None] * self.slots  # (process, connection) per slot
+        self.busy: dict[int, str] = {}
+
+    def _worker(self, slot: int) -> tuple[Any, Any]:
+        current = self.workers[slot]
+        if current is None or not current[0].is_alive():
+            ours, theirs = self.context.Pipe()
+            process = self.context.Process(target=_pool_worker, args=(theirs, self.plan_path, self.envs[slot], self.launch),
+                                           daemon=True, name=f"vlkit-compare-{slot}")
+            process.start()
+            theirs.close()
+            self.workers[slot] = current = (process, ours)
+        return current
+
+    def submit(self, key: str) -> None:
+        slot = next(i for i in range(self.slots) if i not in self.busy)
+        self._worker(slot)[1].send(key)
+        self.busy[slot] = key
+
+    def wait(self, timeout: float) -> list[tuple[str, dict[str, Any]]]:
+        from multiprocessing.connection import wait
+
+        handles = {}
+        for slot in self.busy:
+            process, connection = self.workers[slot]
+            handles[connection] = slot
+            handles[process.sentinel] = slot
+        out = []
+        for handle in wait(list(handles), timeout):
+            slot = handles[handle]
+            if slot not in self.busy:
+                continue
+            key = self.busy.pop(slot)
+            process, connection = self.workers[slot]
+            try:
+                out.append((key, connection.recv()))
+            except (EOFError, OSError):
+                process.join(5)
+                out.append((key, {"unit": key, "state": "died",
+                                  "error": f"worker process died (exit code {process.exitcode})"}))
+                self.workers[slot] = None
+        return out
+
+    def close(self) -> None:
+        """Idle workers end when their pipe closes; a worker still in a unit (a stop) is terminated."""
+        for slot, worker in enumerate(self.workers):
+            if worker is not None:
+                worker[1].close()
+                if slot in self.busy:
+                    worker[0].terminate()
+        for worker in self.workers:
+            if worker is not None:
+                worker[0].join(30)
+                if worker[0].is_alive():
+                    worker[0].kill()
+
+
+class UnitJob:
+    """A unit as a submitit job: checkpointable, so a pre-empted or timed-out job is requeued and the unit
+    resumes from its last checkpoint; in a job of several tasks (nodes x GPUs) every task is one rank of an
+    Accelerate process group set up from SLURM's variables."""
+
+    def __call__(self, plan_path: str, key: str) -> dict[str, Any]:
+        import submitit
+
+        if submitit.JobEnvironment().num_tasks > 1:
+            submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        from vlkit.compare.worker import run_job
+
+        return run_job(plan_path, key)
+
+    def checkpoint(self, plan_path: str, key: str) -> Any:
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(UnitJob(), plan_path, key)
+
+
+SLURM_KEYS = {  # compare.slurm.<key> -> submitit parameter
+    "partition": "slurm_partition", "nodes": "nodes", "gpus_per_node": "gpus_per_node",
+    "cpus_per_task": "cpus_per_task", "mem_gb": "mem_gb", "timeout_min": "timeout_min",
+    "account": "slurm_account", "qos": "slurm_qos", "constraint": "slurm_constraint",
+    "array_parallelism": "slurm_array_parallelism",
+}
+
+
+def slurm_parameters(settings: ExecutorSettings) -> dict[str, Any]:
+    """submitit's parameters of one unit's job from ``compare.slurm.*``: one task per GPU on every node
+    (one task when the unit takes no GPU), the rest as given; unknown keys are refused."""
+    given = {k: v for k, v in settings.slurm.items() if v is not None and k not in ("cluster", "folder", "extra")}
+    unknown = sorted(set(given) - set(SLURM_KEYS))
+    if unknown:
+        raise KeyError(f"compare.slurm: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(SLURM_KEYS))}, "
+                       "cluster, folder, extra")
+    params = {SLURM_KEYS[k]: v for k, v in given.items()}
+    gpus = int(given.get("gpus_per_node", settings.gpus_per_unit) or 0)
+    params["gpus_per_node"] = gpus
+    params["tasks_per_node"] = max(1, gpus)
+    params.setdefault("cpus_per_task", settings.threads)
+    params.setdefault("timeout_min", 60 * 24)
+    for key, value in (settings.slurm.get("extra") or {}).items():  # any other submitit parameter, by its own name
+        params[key] = value
+    return params
+
+
+@register_executor("slurm")
+class SlurmExecutor:
+    """One submitit job per unit (``compare.slurm.*``); fine-tunings are submitted when their pre-training
+    finished. ``compare.slurm.cluster=local`` runs the same jobs as local processes (submitit's local
+    executor), ``debug`` in this process; unset: SLURM when ``sbatch`` is there."""
+
+    def __init__(self, plan_path: Path, settings: ExecutorSettings):
+        import submitit
+
+        self.plan_path = str(plan_path)
+        folder = settings.slurm.get("folder") or str(Path(plan_path).parent / "slurm" / "%j")
+        self.executor = submitit.AutoExecutor(folder=folder, cluster=settings.slurm.get("cluster"))
+        params = slurm_parameters(settings)
+        if self.executor.cluster != "slurm":  # the local and debug executors take the generic parameters only
+            params = {k: v for k, v in params.items() if not k.startswith("slurm_")}
+        self.executor.update_parameters(name="vlkit-compare", **params)
+        self.slots = int(settings.slurm.get("array_parallelism") or (settings.workers if self.executor.cluster != "slurm"
+                                                                      else 256))
+        self.jobs: dict[Any, str] = {}
+
+    def submit(self, key: str) -> None:
+        self.jobs[self.executor.submit(UnitJob(), self.plan_path, key)] = key
+
+    def wait(self, timeout: float) -> list[tuple[str, dict[str, Any]]]:
+        from submitit.core.utils import UncompletedJobError
+
+        deadline = time.monotonic() + timeout
+        while True:
+            done = [job for job in self.jobs if job.done()]
+            if done or time.monotonic() >= deadline:
+                break
+            time.sleep(min(0.2, timeout))
+        out = []
+        for job in done:
+            key = self.jobs.pop(job)
+            try:
+                out.append((key, job.result()))
+            except UncompletedJobError as err:  # killed, timed out without requeue, node lost
+                out.append((key, {"unit": key, "state": "died", "error": f"job {job.job_id}: {_first_line(err)}"}))
+            except Exception as err:  # noqa: BLE001 - the job's own code raised outside the unit
+                out.append((key, _outcome_on_disk(self.plan_path, key, f"job {job.job_id}: {_first_line(err)}")
+                            | {"state": "failed"}))
+        return out
+
+    def close(self) -> None:
+        for job in list(self.jobs):
+            job.cancel(check=False)
+
+
+@register_executor("ray")
+class RayExecutor:
+    """Units as Ray tasks (``num_gpus`` = ``compare.gpus_per_unit``, ``num_cpus`` = ``compare.ray.num_cpus``
+    or ``threads``) on the cluster at ``compare.ray.address``, or a local one when unset; at most
+    ``compare.ray.max_concurrent`` (default: ``workers``) at once. The output folder must be on storage
+    every node sees."""
+
+    def __init__(self, plan_path: Path, settings: ExecutorSettings):
+        import ray
+
+        from vlkit.compare.worker import run_job
+
+        self.ray, self.plan_path = ray, str(plan_path)
+        if not ray.is_initialized():
+            address = settings.ray.get("address")
+            ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                     **({} if address else {"num_cpus": settings.workers * settings.threads}))
+        self.remote = ray.remote(num_cpus=float(settings.ray.get("num_cpus") or settings.threads),
+                                 num_gpus=settings.gpus_per_unit, max_retries=0)(run_job)
+        self.slots = int(settings.ray.get("max_concurrent") or settings.workers)
+        self.refs: dict[Any, str] = {}
+
+    def submit(self, key: str) -> None:
+        self.refs[self.remote.remote(self.plan_path, key)] = key
+
+    def wait(self, timeout: float) -> list[tuple[str, dict[str, Any]]]:
+        ready, _ = self.ray.wait(list(self.refs), num_returns=1, timeout=timeout)
+        out = []
+        for ref in ready:
+            key = self.refs.pop(ref)
+            try:
+                out.append((key, self.ray.get(ref)))
+            except self.ray.exceptions.RayTaskError as err:  # raised outside the unit's own try
+                out.append((key, {"unit": key, "state": "failed", "error": _first_line(err)}))
+            except self.ray.exceptions.RayError as err:  # worker or node lost, out of memory
+                out.append((key, {"unit": key, "state": "died", "error": _first_line(err)}))
+        return out
+
+    def close(self) -> None:
+        for ref in self.refs:
+            self.ray.cancel(ref, force=True)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def retry_command(argv: list[str], output_dir: Path) -> str:
+    """The one command that reruns what did not finish: the same overrides, the same folder, resume."""
+    kept = [a for a in argv if not a.startswith(("output_dir=", "resume="))]
+    return shlex.join(["vlkit", "compare", *kept, f"output_dir={output_dir}", "resume=true"])

@@ -1,0 +1,99 @@
+"""One unit of a comparison in the process that runs it, whichever executor started that process.
+
+`run_job(plan, key)` reads the comparison from ``plan.json``, runs the unit, records its state in its
+folder (`vlkit.compare.units.UnitFolder`) and returns a small outcome (``finished`` or ``failed``, with the
+error): an exception in the unit is a *failed* unit, never a crash of the executor. Its prints and logs
+go to the unit's ``unit.log``. In a multi-process unit (several GPUs or nodes) every rank runs the unit
+and rank 0 records it. ``python -m vlkit.compare.worker PLAN KEY`` is the entry point of such a launch.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+_COMPARISONS: dict[str, Any] = {}  # plan path -> Comparison: environments and task data cached per process
+
+
+def comparison_of(plan_path: str | Path) -> Any:
+    from vlkit.compare.scheduling import Comparison
+
+    plan_path = str(Path(plan_path).resolve())
+    if plan_path not in _COMPARISONS:
+        plan = json.loads(Path(plan_path).read_text(encoding="utf-8"))
+        _COMPARISONS[plan_path] = Comparison(plan["config"], Path(plan_path).parent, progress=False)
+    return _COMPARISONS[plan_path]
+
+
+def _unit_of(comparison: Any, key: str) -> Any:
+    for unit in comparison.all_units():
+        if comparison.key(unit) == key:
+            return unit
+    raise KeyError(f"{key!r} is not a unit of the comparison in {comparison.output_dir}")
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+@contextlib.contextmanager
+def _captured(log_path: Path):
+    """stdout, stderr and vlkit's log records of the block, appended to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    logger = logging.getLogger("vlkit")
+    with open(log_path, "a", encoding="utf-8") as log:
+        handler = logging.StreamHandler(log)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        level = logger.level
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        try:
+            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                yield log
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+
+
+def run_job(plan_path: str | Path, key: str) -> dict[str, Any]:
+    """Run unit ``key`` of the comparison planned in ``plan_path`` here; see the module docstring."""
+    import torch
+
+    from vlkit.compare.units import LOG_FILE, UnitFolder, config_hash
+
+    comparison = comparison_of(plan_path)
+    threads = comparison.cfg.get("threads")
+    if threads:
+        torch.set_num_threads(int(threads))
+    unit = _unit_of(comparison, key)
+    config = comparison.unit_config(unit)
+    unit_hash = config_hash(config)
+    folder = UnitFolder(comparison.unit_dir(unit), key)
+    main = _rank() == 0
+    attempt = folder.start(unit_hash, config) if main else 0
+    with _captured(folder.directory / (LOG_FILE if main else f"unit.rank{_rank()}.log")) as log:
+        print(f"--- {key}: attempt {attempt}, pid {os.getpid()}", file=log, flush=True)
+        try:
+            result = comparison.run_unit(unit)
+        except Exception as err:  # noqa: BLE001 - a failed unit is recorded, the comparison goes on
+            trace = traceback.format_exc()
+            print(trace, file=log, flush=True)
+            if main:
+                folder.fail(unit_hash, config, attempt, err, trace)
+            return {"unit": key, "state": "failed", "error": f"{type(err).__name__}: {err}"}
+    if main:
+        folder.finish(unit_hash, config, attempt, result)
+    return {"unit": key, "state": "finished"}
+
+
+if __name__ == "__main__":  # one rank of a multi-process unit (accelerate launch ... -m vlkit.compare.worker PLAN KEY)
+    outcome = run_job(sys.argv[1], sys.argv[2])
+    from vlkit.train.distributed import shutdown
+
+    shutdown(barrier=True)
+    sys.exit(0 if outcome["state"] == "finished" else 3)
