@@ -84,7 +84,6 @@ def test_sigkill_twice_then_resume_gives_the_uninterrupted_records(smoke, tmp_pa
     process = _compare_process([*args, "resume=true"])
     log, _ = process.communicate(timeout=900)
     assert process.returncode == 0, log
-    assert "finished before, reused" in log
     assert [untimed(r) for r in records(out)] == [untimed(r) for r in records(smoke / "first")]
     a = json.loads((out / "manifest.json").read_text())
     b = json.loads((smoke / "first" / "manifest.json").read_text())
