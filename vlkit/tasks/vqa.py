@@ -107,8 +107,9 @@ class VQATask(HeadTask):
 
     def __init__(self, model: nn.Module, answers: Sequence[str] | None = None, num_answers: int | None = None,
                  majority_answer: str | None = None, loss: str | None = None, task_id: int | None = None,
-                 head: str | None = None, rules: str = "2021"):
+                 head: str | None = None, rules: str | int = "2021"):
         super().__init__(model, loss, task_id, head)
+        rules = str(rules)  # a config gives 2016 as a number
         if rules not in VQA_RULES:
             raise ValueError(f"task vqa: unknown rules {rules!r}; choose one of {', '.join(VQA_RULES)}")
         self.rules = rules
