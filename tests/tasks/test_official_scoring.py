@@ -206,6 +206,26 @@ def test_recall_counts_as_meter_and_uniter_without_ties():
             assert math.isclose(got[f"ir_r{k}"], ir, abs_tol=1e-6) and math.isclose(got[f"tr_r{k}"], tr, abs_tol=1e-6)
 
 
+def ref_uniter_ir(scores_txt_img, txt2img):
+    """UNITER ``itm_eval``'s image retrieval, as written (score matrix [N_txt, N_img])."""
+    _, rank_txt = scores_txt_img.topk(10, dim=1)
+    gt = torch.tensor(txt2img).unsqueeze(1).expand_as(rank_txt)
+    rank = (rank_txt == gt).nonzero()
+    return {k: (rank < k).sum().item() / len(txt2img) for k in (1, 5, 10)}
+
+
+def test_uniter_ir_rows_reproduce_itm_eval():
+    g = torch.Generator().manual_seed(0)
+    txt2img = (torch.arange(100) % 20).tolist()
+    scores = torch.randn(100, 20, generator=g, dtype=torch.float64)
+    expected = ref_uniter_ir(scores, txt2img)
+    got = recall_at_k(scores.T, txt2img, uniter_ir_rows=True)
+    plain = recall_at_k(scores.T, txt2img)
+    for k in (1, 5, 10):
+        assert math.isclose(got[f"ir_r{k}"], expected[k], abs_tol=1e-12)
+    assert expected[10] > plain["ir_r10"]  # the slip inflates IR R@10 here (0.58 vs 0.53)
+
+
 def test_text_retrieval_hits_when_any_caption_is_in_the_top_k():
     scores = torch.tensor([[0.9, 0.1, 0.8, 0.0], [0.95, 0.2, 0.3, 0.7]])  # image 0: captions 0, 1; image 1: 2, 3
     out = recall_at_k(scores, [0, 0, 1, 1], ks=(1, 2))

@@ -165,7 +165,7 @@ RETRIEVAL_TIES = ("worst", "index")
 
 
 def recall_at_k(scores: Tensor, txt2img: Sequence[int] | Tensor, ks: Sequence[int] = (1, 5, 10),
-                ties: str = "worst") -> dict[str, float]:
+                ties: str = "worst", uniter_ir_rows: bool = False) -> dict[str, float]:
     """Image and text retrieval recall from a score matrix [N_img, N_txt] (higher = better match), as
     UNITER's ``itm_eval`` and METER's / ViLT's ``compute_irtr_recall`` count it.
 
@@ -176,6 +176,10 @@ def recall_at_k(scores: Tensor, txt2img: Sequence[int] | Tensor, ks: Sequence[in
     the same as the ground truth above it, so results never depend on candidate order; ``index`` ranks
     equal scores by candidate index (lower first). They differ only on exact ties. Returns ``ir_r{k}``,
     ``tr_r{k}`` and their mean ``r_mean`` (UNITER's: the mean of the IR and TR means) as fractions.
+
+    ``uniter_ir_rows`` reproduces a slip of UNITER's ``itm_eval``: it counts IR hits as ``(rank < k).sum()``
+    over the ``nonzero()`` (caption, position) pairs of the top-10 hits, so each of the first k captions
+    whose image is in its top 10 counts once more (IR R@k up by at most k / N_txt).
     """
     if ties not in RETRIEVAL_TIES:
         raise ValueError(f"recall_at_k: unknown ties={ties!r}; choose one of {', '.join(RETRIEVAL_TIES)}")
@@ -206,6 +210,8 @@ def recall_at_k(scores: Tensor, txt2img: Sequence[int] | Tensor, ks: Sequence[in
         ir_rank = _positions(scores, 0).gather(0, txt2img[None]).squeeze(0)  # position of each caption's image
         tr_rank = _positions(scores, 1).masked_fill(~is_gt, n_txt).amin(1)  # best position of an image's captions
     out = {f"ir_r{k}": (ir_rank < k).double().mean().item() for k in ks}
+    if uniter_ir_rows:
+        out = {f"ir_r{k}": v + (ir_rank[:k] < 10).sum().item() / n_txt for k, v in zip(ks, out.values())}
     out.update({f"tr_r{k}": (tr_rank < k).double().mean().item() for k in ks})
     out["r_mean"] = sum(out.values()) / len(out)
     return out

@@ -147,12 +147,15 @@ class RetrievalSet:
 # --------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------
-def recall(i2t: Tensor, t2i: Tensor, txt2img: Sequence[int] | Tensor, ties: str = "worst") -> dict[str, float]:
+def recall(i2t: Tensor, t2i: Tensor, txt2img: Sequence[int] | Tensor, ties: str = "worst",
+           uniter_ir_rows: bool = False) -> dict[str, float]:
     """IR recall from the columns of ``t2i`` and TR recall from the rows of ``i2t`` (both [N_img, N_txt];
-    the same matrix when every pair is scored), with their mean ``r_mean``; ``ties`` as in `recall_at_k`."""
+    the same matrix when every pair is scored), with their mean ``r_mean``; ``ties`` and
+    ``uniter_ir_rows`` as in `recall_at_k`."""
     if i2t is t2i:
-        return recall_at_k(i2t, txt2img, ties=ties)
-    ir, tr = recall_at_k(t2i, txt2img, ties=ties), recall_at_k(i2t, txt2img, ties=ties)
+        return recall_at_k(i2t, txt2img, ties=ties, uniter_ir_rows=uniter_ir_rows)
+    ir = recall_at_k(t2i, txt2img, ties=ties, uniter_ir_rows=uniter_ir_rows)
+    tr = recall_at_k(i2t, txt2img, ties=ties)
     out = {**{k: v for k, v in ir.items() if k.startswith("ir_")},
            **{k: v for k, v in tr.items() if k.startswith("tr_")}}
     out["r_mean"] = sum(out.values()) / len(out)
@@ -264,7 +267,8 @@ class Retrieval(Task):
     ``scorer="itm"`` scores pairs with the ITM head's P(matched) (zero-shot), ``"rank"`` with the
     fine-tuned head. ``prerank_data`` (a training `RetrievalSet`) is what `fit_prerank` learns from when
     a ``rerank`` evaluation needs it. ``task_id``: the model's task input (ViLBERT's task token; default
-    its Flickr30k id, 7 for COCO). ``ties``: how `evaluate` ranks equal scores (`vlkit.tasks.metrics.recall_at_k`).
+    its Flickr30k id, 7 for COCO). ``ties``: how `evaluate` ranks equal scores; ``uniter_ir_rows``: count IR
+    hits as UNITER's ``itm_eval`` does (`vlkit.tasks.metrics.recall_at_k`).
     """
 
     name = "retrieval"
@@ -275,7 +279,7 @@ class Retrieval(Task):
                  hard_size: int = 31, num_negatives: int = 15, itm_weight: float | None = None,
                  eval_mode: str = "cached", rerank_k: int = 64, prerank_ridge: float = 1.0,
                  prerank_data: RetrievalSet | None = None, seed: int = 0, head: str | None = None,
-                 task_id: int | None = None, ties: str = "worst"):
+                 task_id: int | None = None, ties: str = "worst", uniter_ir_rows: bool = False):
         from vlkit.objectives.mix import Pretraining
 
         if isinstance(model, Pretraining):
@@ -308,7 +312,7 @@ class Retrieval(Task):
         self.task_id = None if task_id is None else int(task_id)
         if ties not in RETRIEVAL_TIES:
             raise ValueError(f"retrieval: ties must be one of {', '.join(RETRIEVAL_TIES)}, got {ties!r}")
-        self.ties = ties
+        self.ties, self.uniter_ir_rows = ties, bool(uniter_ir_rows)
         self.install_head(head_cls(model))
         if itm is not None and (head_cls.init_from_itm if init_from_itm is None else init_from_itm):
             self.init_from_itm()
@@ -524,7 +528,7 @@ class Retrieval(Task):
         if not isinstance(data, RetrievalSet):
             raise TypeError(f"retrieval: evaluate takes a RetrievalSet (TaskData.eval[split]), got "
                             f"{type(data).__name__}")
-        out = recall(*self.ranking_scores(data, mode, k, batch_size), data.txt2img, self.ties)
+        out = recall(*self.ranking_scores(data, mode, k, batch_size), data.txt2img, self.ties, self.uniter_ir_rows)
         captions_per_image = torch.bincount(data.txt2img, minlength=data.num_images).float()
         out.update(ir_r1_chance=1.0 / data.num_images, tr_r1_chance=float((captions_per_image / data.num_texts).mean()))
         return out

@@ -95,7 +95,7 @@ def evaluate(cfg, overrides: Sequence[str] | None = None) -> int:
     ``split=NAME`` evaluates that split alone (else ``eval_splits``); ``task.<key>=`` given on the
     command line overrides the run's task config (e.g. the files of a test split); ``eval_options.<key>=``
     the task's scoring options (VQA ``rules``, RefExp ``iou_boxes`` / ``iou_comparison``, retrieval
-    ``ties``). ``predictions=PATH`` writes the split's predictions in its leaderboard format
+    ``ties`` / ``uniter_ir_rows``). ``predictions=PATH`` writes the split's predictions in its leaderboard format
     (`vlkit.tasks.predictions`); metrics are computed too when the split has labels.
     """
     from vlkit.io import atomic_write_text, load_weights
@@ -169,7 +169,7 @@ def _check_eval_options(task: str, options: dict) -> None:
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise ValueError(f"eval_options.{unknown[0]} does not apply to task {task} (it scores with "
-                         f"{', '.join(k for k in ('rules', 'iou_boxes', 'iou_comparison', 'ties') if k in accepted)})")
+                         f"{', '.join(k for k in ('rules', 'iou_boxes', 'iou_comparison', 'ties', 'uniter_ir_rows') if k in accepted)})")
 
 
 def _override_task(recorded: dict, given: dict, keys: set[str]) -> dict:
