@@ -1,6 +1,10 @@
-"""Exact downstream metrics: VQA accuracy (official evaluation), retrieval recall, RefExp, Meta-Sum.
+"""Downstream metrics as the official evaluations compute them: VQA accuracy (GT-Vision-Lab/VQA
+``vqaEval.py``), retrieval recall (UNITER ``itm_eval``, METER / ViLT ``compute_irtr_recall``), RefExp
+accuracy (ViLBERT's and UNITER's IoU rules), NLVR2 consistency (lil-lab/nlvr ``metrics.py``), and
+UNITER's Meta-Sum. docs/evaluation.md states every rule.
 
-Aggregate metrics are fractions in [0, 1]; ``meta_sum`` turns them into UNITER's points (x100).
+Metrics are unrounded fractions in [0, 1]; ``meta_sum`` gives UNITER's points (x100) and
+``official_points`` the VQA scorer's rounded display.
 """
 from __future__ import annotations
 
