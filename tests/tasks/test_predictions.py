@@ -69,11 +69,13 @@ def test_vqa_results_cover_every_question_and_refuse_a_partial_file(files, tok, 
     info = write_predictions(task, test, out, batch_size=3)
     results = json.loads(out.read_text())
     questions = json.loads(Path(_vqa(files["root"], "test", False)["questions"]).read_text())["questions"]
-    assert [r["question_id"] for r in results] == [q["question_id"] for q in questions] and info["count"] == len(questions)
+    assert [r["question_id"] for r in results] == [q["question_id"] for q in questions]
+    assert info["count"] == len(questions)
     assert all(type(r["question_id"]) is int and r["answer"] in data.options["answers"] for r in results)
     assert set(results[0]) == {"question_id", "answer"}
     test.drop([str(questions[1]["question_id"])])  # as data.on_error=skip leaves an example out
-    with pytest.raises(ValueError, match=rf"1 of {len(questions)} examples have no prediction \({questions[1]['question_id']}"):
+    missing = questions[1]["question_id"]
+    with pytest.raises(ValueError, match=rf"1 of {len(questions)} examples have no prediction \({missing}"):
         write_predictions(task, test, out)
     assert json.loads(out.read_text()) == results  # the previous file is untouched
 

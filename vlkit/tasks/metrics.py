@@ -16,10 +16,11 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "META_SUM_KEYS", "VQA_RULES", "accuracy", "mean_by", "meta_sum", "nlvr2_consistency", "nlvr2_sentence", "normalize_answer", "official_points",
-    "IOU_BOXES", "IOU_COMPARISONS", "REFEXP_OFFICIAL", "RETRIEVAL_TIES",
-    "paired_box_iou", "process_digit_article", "process_punctuation", "recall_at_k", "refexp_accuracy", "refexp_hits", "refexp_iou",
-    "vqa_accuracy", "vqa_question_accuracy", "vqa_score_from_soft_targets",
+    "IOU_BOXES", "IOU_COMPARISONS", "META_SUM_KEYS", "REFEXP_OFFICIAL", "RETRIEVAL_TIES", "VQA_RULES",
+    "accuracy", "mean_by", "meta_sum", "nlvr2_consistency", "nlvr2_sentence", "normalize_answer",
+    "official_points", "paired_box_iou", "process_digit_article", "process_punctuation", "recall_at_k",
+    "refexp_accuracy", "refexp_hits", "refexp_iou", "vqa_accuracy", "vqa_question_accuracy",
+    "vqa_score_from_soft_targets",
 ]
 
 # Tables and rules of the official VQA evaluation (GT-Vision-Lab/VQA, vqaEval.py).

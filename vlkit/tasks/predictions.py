@@ -133,7 +133,8 @@ def _retrieval_render(task: Any, data: Any, batch_size: int) -> tuple[str, int]:
     i2t, t2i = task.ranking_scores(data, batch_size=batch_size)
     image_retrieval = {data.caption_ids[t]: [data.image_ids[i] for i in row]
                        for t, row in enumerate(_top(t2i.T, RANKING_K))}
-    text_retrieval = {data.image_ids[i]: [data.caption_ids[t] for t in row] for i, row in enumerate(_top(i2t, RANKING_K))}
+    text_retrieval = {data.image_ids[i]: [data.caption_ids[t] for t in row]
+                      for i, row in enumerate(_top(i2t, RANKING_K))}
     payload = {"k": RANKING_K, "image_retrieval": image_retrieval, "text_retrieval": text_retrieval}
     return json.dumps(payload), len(image_retrieval) + len(text_retrieval)
 

@@ -168,8 +168,9 @@ def _check_eval_options(task: str, options: dict) -> None:
     accepted = inspect.signature(TASKS.get(task)).parameters
     unknown = sorted(set(options) - set(accepted))
     if unknown:
-        raise ValueError(f"eval_options.{unknown[0]} does not apply to task {task} (it scores with "
-                         f"{', '.join(k for k in ('rules', 'iou_boxes', 'iou_comparison', 'ties', 'uniter_ir_rows') if k in accepted)})")
+        scoring = [k for k in ("rules", "iou_boxes", "iou_comparison", "ties", "uniter_ir_rows") if k in accepted]
+        raise ValueError(f"eval_options.{unknown[0]} does not apply to task {task} (its scoring options: "
+                         f"{', '.join(scoring) or 'none'})")
 
 
 def _override_task(recorded: dict, given: dict, keys: set[str]) -> dict:
