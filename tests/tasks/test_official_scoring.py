@@ -80,6 +80,22 @@ def ref_question(pred, humans, rules="2021"):
     return float(sum(accs)) / len(accs)
 
 
+def ref_evaluate(questions, rules="2021"):
+    """``VQAEval.evaluate`` + ``setAccuracy`` over ``(pred, humans, question_type, answer_type)``
+    (unrounded): both a013f00 and 458a8b2 append the question's ``avgGTAcc`` to accQA, accQuesType
+    and accAnsType alike. (The 2015 drafts 07aecec..ffa9050 appended the loop's last ``acc`` to the
+    two type lists; f8b1ce3 "bug removed" fixed it.)"""
+    acc_qa, acc_ques_type, acc_ans_type = [], {}, {}
+    for pred, humans, ques_type, ans_type in questions:
+        avg = ref_question(pred, humans, rules)
+        acc_qa.append(avg)
+        acc_ques_type.setdefault(ques_type, []).append(avg)
+        acc_ans_type.setdefault(ans_type, []).append(avg)
+    mean_of = lambda accs: float(sum(accs)) / len(accs)  # noqa: E731
+    return (mean_of(acc_qa), {k: mean_of(v) for k, v in acc_ques_type.items()},
+            {k: mean_of(v) for k, v in acc_ans_type.items()})
+
+
 # -- the tables ---------------------------------------------------------------------------------------
 def test_vqa_tables():
     assert M._PUNCT == OFFICIAL_PUNCT  # no ':' nor "'" (the Beta v0.9 list had them), no '.'
@@ -153,6 +169,17 @@ def test_2016_prediction_always_normalised_humans_only_punctuation():
         vqa_accuracy(["a"], [["a"]], rules="2017")
 
 
+def test_types_average_the_ten_choose_nine_mean_not_the_last_subset():
+    # 3 of 10 humans say "2", the 10th among them: the question scores (7 * 1 + 3 * 2/3) / 10 = 0.9; the
+    # subset without the 10th human alone would give 2/3 (the 2015 drafts' per-type value)
+    humans = ["3"] * 7 + ["2"] * 3
+    accuracy = vqa_accuracy(["2", "2"], [humans, ["3"] * 10])
+    assert accuracy == pytest.approx([0.9, 0.0])
+    assert mean_by(accuracy, ["number", "number"]) == pytest.approx({"number": 0.45})  # not (2/3 + 0) / 2
+    by_question_type = mean_by(accuracy, ["how many", "what number is"])
+    assert by_question_type == pytest.approx({"how many": 0.9, "what number is": 0.0})
+
+
 def test_types_are_means_of_unrounded_scores_rounded_only_for_display():
     scores = [1 / 3, 1.0, 0.0]
     assert mean_by(scores, ["number", "yes/no", "number"]) == {"number": 1 / 6, "yes/no": 1.0}
@@ -183,6 +210,25 @@ def _question(draw):
 def test_vqa_accuracy_equals_the_official_rules(case):
     pred, humans, rules = case
     assert vqa_accuracy([pred], [humans], rules) == [ref_question(pred, humans, rules)]
+
+
+_TYPES = st.sampled_from(["yes/no", "number", "other"])
+_QTYPES = st.sampled_from(["how many", "what color is the", "is the"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_question(), _QTYPES, _TYPES), min_size=1, max_size=6), st.sampled_from(M.VQA_RULES))
+def test_overall_and_per_type_accuracies_equal_the_official_rules(questions, rules):
+    """Overall, per-question-type and per-answer-type accuracy as `VQATask.evaluate` computes them."""
+    preds, humans = [q[0] for q, _, _ in questions], [q[1] for q, _, _ in questions]
+    accuracy = vqa_accuracy(preds, humans, rules)
+    overall, per_ques_type, per_ans_type = ref_evaluate(
+        [(q[0], q[1], ques_type, ans_type) for q, ques_type, ans_type in questions], rules)
+    assert math.isclose(sum(accuracy) / len(accuracy), overall, abs_tol=1e-12)
+    for got, expected in ((mean_by(accuracy, [t for _, t, _ in questions]), per_ques_type),
+                          (mean_by(accuracy, [t for _, _, t in questions]), per_ans_type)):
+        assert got.keys() == expected.keys()
+        assert all(math.isclose(got[k], expected[k], abs_tol=1e-12) for k in got)
 
 
 # -- retrieval -------------------------------------------------------------------------------------

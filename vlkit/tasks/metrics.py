@@ -145,7 +145,8 @@ def vqa_accuracy(predicted: Sequence[str], gt_answers: Sequence[Sequence[str]], 
 
 def mean_by(values: Sequence[float], keys: Sequence[Hashable]) -> dict[Hashable, float]:
     """The mean of ``values`` per key (keys in first-seen order): the official per-answer-type and
-    per-question-type accuracies, from the unrounded per-question scores."""
+    per-question-type accuracies, from the unrounded per-question scores (`vqa_accuracy`'s 10-choose-9
+    means, which ``vqaEval.py`` appends to its type lists as to the overall one)."""
     groups: dict[Hashable, list[float]] = {}
     for value, key in zip(values, keys, strict=True):
         groups.setdefault(key, []).append(value)

@@ -144,7 +144,8 @@ class VQATask(HeadTask):
     def evaluate(self, data: Any, batch_size: int = 64) -> dict[str, float]:
         """Official VQA accuracy under ``rules`` (``vqa``), per answer type (``vqa_<answer type>``, e.g.
         ``vqa_yes_no``) and per question type (``vqa_qtype_<question type>``, e.g.
-        ``vqa_qtype_what_color_is_the``), each the mean of the unrounded per-question scores; the
+        ``vqa_qtype_what_color_is_the``), each the mean of the unrounded per-question scores (the
+        10-choose-9 means, as the official code averages per type too, not a single leave-one-out); the
         training soft score (``vqa_soft_score``) and the accuracy of always answering the majority
         answer (``vqa_majority_baseline``). All fractions."""
         if self.answers is None:
