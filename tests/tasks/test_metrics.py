@@ -51,7 +51,7 @@ def test_vqa_accuracy_normalises_only_when_humans_disagree():
     assert vqa_accuracy(["Two", "two.", "the 2", " 2\n"], [disagree] * 4) == pytest.approx([0.9] * 4)
     unanimous = ["2"] * 10
     assert vqa_accuracy(["2", "two", "2."], [unanimous] * 3) == [1.0, 0.0, 0.0]  # official quirk
-    assert vqa_accuracy(["YES"], [["yes"] * 10]) == [1.0]  # still case-insensitive
+    assert vqa_accuracy(["YES", "yes"], [["yes"] * 10] * 2) == [0.0, 1.0]  # unanimous: exact, case included
 
 
 def test_vqa_accuracy_rules_on_both_sides():
@@ -147,7 +147,8 @@ def test_paired_box_iou_and_refexp_accuracy():
                        [10, 0, 20, 10]], dtype=torch.float)  # touching edges: 0
     iou = paired_box_iou(pred, gt)
     torch.testing.assert_close(iou, torch.tensor([1.0, 0.5, 100 / 205, 0.0, 0.0, 0.0]))
-    assert math.isclose(refexp_accuracy(pred, gt), 2 / 6)
+    assert math.isclose(refexp_accuracy(pred, gt), 2 / 6)  # continuous boxes, IoU >= 0.5
+    assert math.isclose(refexp_accuracy(pred, gt, comparison=">"), 1 / 6)  # the exact 0.5 misses
     assert math.isclose(refexp_accuracy(pred, gt, iou_threshold=0.4), 3 / 6)
     with pytest.raises(ValueError, match=r"boxes2\[0\]"):
         paired_box_iou(pred[:1], torch.tensor([[5.0, 0, 1, 1]]))

@@ -216,7 +216,9 @@ def test_evaluate_gives_exact_accuracy(nlvr2_files, tok):
         task.nlvr2_output.weight.zero_()
         task.nlvr2_output.bias.copy_(torch.tensor([-5.0, 5.0]))
     metrics = task.evaluate(data.eval["val"], batch_size=2)
-    assert metrics == {"nlvr2": pytest.approx(2 / 5), "nlvr2_majority_baseline": pytest.approx(2 / 5)}
+    # sentences dev-5--0 (one of its two pairs wrong), dev-6--2, dev-6--1 (right), dev-7--0: 1 of 4 consistent
+    assert metrics == {"nlvr2": pytest.approx(2 / 5), "nlvr2_consistency": pytest.approx(1 / 4),
+                       "nlvr2_majority_baseline": pytest.approx(2 / 5)}
     out = task.predict(first_batch(data.eval["val"], 2))
     assert out["ids"] == ["dev-5-0-0", "dev-5-1-0"] and out["labels"] == [True, True] and out["pred"].tolist() == [1, 1]
 

@@ -244,6 +244,7 @@ def test_evaluate_gives_the_official_accuracy_on_hand_checked_questions(vqa_file
     # humans: ten "2" -> 1; two "2" / eight "3" -> (2 * 1/3 + 8 * 2/3) / 10 = 0.6;
     # one "two" (normalised to "2": the humans disagree) / nine "3" -> 9 * 1/3 / 10 = 0.3; ten "yes" -> 0
     assert metrics["vqa"] == pytest.approx((1 + 0.6 + 0.3 + 0) / 4)
+    # per type, the 10-choose-9 means too (the last leave-one-out alone would give (1 + 2/3 + 1/3) / 3)
     assert metrics["vqa_number"] == pytest.approx((1 + 0.6 + 0.3) / 3) and metrics["vqa_yes_no"] == 0.0
     assert metrics["vqa_soft_score"] == pytest.approx((1 + 2 / 3 + 1 / 3 + 0) / 4)
     assert metrics["vqa_majority_baseline"] == pytest.approx(0.25)  # "yes" is right on the last question only

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from vlkit.registry import register_task
-from vlkit.tasks.metrics import accuracy
+from vlkit.tasks.metrics import accuracy, nlvr2_consistency
 from vlkit.tasks.base import HeadTask, TaskData, classification_loss, label_target, most_common, split_records
 from vlkit.types import LossOutput, VLBatch, VLOutput
 
@@ -191,15 +191,18 @@ class NLVR2Task(HeadTask):
                 "labels": [bool(x) for x in pred.tolist()], "logits": logits}
 
     def evaluate(self, data: Any, batch_size: int = 64) -> dict[str, float]:
-        """Accuracy (``nlvr2``) and that of always predicting the train majority label
-        (``nlvr2_majority_baseline``), fractions. ``batch_size`` counts pairs."""
-        correct, gold = [], []
+        """Accuracy over the pairs (``nlvr2``), the official consistency (``nlvr2_consistency``: the share
+        of sentences all of whose pairs are right) and the accuracy of always predicting the train
+        majority label (``nlvr2_majority_baseline``), fractions. ``batch_size`` counts pairs."""
+        correct, gold, ids = [], [], []
         for batch in self.batches(data, batch_size, "nlvr2 eval"):
             labels = self.label_ids(batch)
             correct.append(self.predict(batch)["pred"] == labels)
             gold.append(labels)
-        gold_all = torch.cat(gold)
-        out = {"nlvr2": float(torch.cat(correct).double().mean())}
+            ids += batch.ids[0::2]
+        correct_all, gold_all = torch.cat(correct), torch.cat(gold)
+        out = {"nlvr2": float(correct_all.double().mean()),
+               "nlvr2_consistency": nlvr2_consistency(ids, correct_all.tolist())}
         if self.majority_label is not None:
             out["nlvr2_majority_baseline"] = float((gold_all == int(self.majority_label)).double().mean())
         return out

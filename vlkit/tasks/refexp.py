@@ -31,7 +31,8 @@ from vlkit.models.base import VLModel
 from vlkit.models.layers import MASK_VALUE
 from vlkit.registry import register_task
 from vlkit.tasks.base import IncompatibleTask, Task, TaskData, eval_batches, gather
-from vlkit.tasks.metrics import paired_box_iou, refexp_accuracy
+from vlkit.tasks.metrics import (IOU_BOXES, IOU_COMPARISONS, REFEXP_DEFAULT, REFEXP_OFFICIAL, refexp_accuracy,
+                                 refexp_hits, refexp_iou)
 from vlkit.types import LossOutput, VLBatch
 
 __all__ = ["IncompatibleTask", "LOSSES", "RefExp", "region_ious"]
@@ -40,8 +41,9 @@ IOU_THRESHOLD = 0.5
 LOSSES = ("bce", "ce")
 
 
-def region_ious(batch: VLBatch) -> Tensor:
-    """IoU [B, K] of every candidate region with the referred box (0 at padded regions).
+def region_ious(batch: VLBatch, boxes: str = "continuous") -> Tensor:
+    """IoU [B, K] of every candidate region with the referred box (0 at padded regions), under the box
+    convention ``boxes`` (`vlkit.tasks.metrics.refexp_iou`).
 
     Region boxes are normalised xyxy; they are scaled by ``targets["image_hw"]`` (h, w), the size
     the referred box ``targets["ref_box"]`` (xyxy pixels) is given in.
@@ -54,9 +56,9 @@ def region_ious(batch: VLBatch) -> Tensor:
     b, k = batch.region_boxes.shape[:2]
     h, w = batch.targets["image_hw"].to(batch.region_boxes).unbind(-1)
     scale = torch.stack([w, h, w, h], -1)[:, None, :]
-    boxes = (batch.region_boxes * scale).reshape(-1, 4)
-    ref = batch.targets["ref_box"].to(boxes)[:, None, :].expand(b, k, 4).reshape(-1, 4)
-    return paired_box_iou(boxes, ref).view(b, k).to(boxes) * batch.region_mask.to(boxes)
+    regions = (batch.region_boxes * scale).reshape(-1, 4)
+    ref = batch.targets["ref_box"].to(regions)[:, None, :].expand(b, k, 4).reshape(-1, 4)
+    return refexp_iou(regions, ref, boxes).view(b, k).to(regions) * batch.region_mask.to(regions)
 
 
 def _refexp_targets(row: Mapping[str, Any]) -> dict[str, Tensor]:
@@ -71,15 +73,24 @@ class RefExp(Task):
     ``labels``: the BCE targets, ``iou`` (ViLBERT's official soft IoU) or ``binary`` (paper); ``mlp``:
     the depth of a head that offers one (UNITER ``re_output``: 2 in the official RefCOCO+ config, 1 is
     the code default); ``head``: one of the family's RefExp heads; ``task_id``: the model's task input
-    (ViLBERT's task token, default its RefCOCO+ id).
+    (ViLBERT's task token, default its RefCOCO+ id). ``iou_boxes`` / ``iou_comparison``: the hit rule
+    `evaluate` scores with (`vlkit.tasks.metrics.IOU_BOXES`, ``>=`` | ``>``); by default the family's
+    official evaluation (`vlkit.tasks.metrics.REFEXP_OFFICIAL`: ViLBERT ``plus_one`` and ``>``, UNITER
+    ``uniter`` and ``>``), else ``continuous`` and ``>=``. Training targets keep plain IoU >= 0.5.
     """
 
     name = "refexp"
 
     def __init__(self, model: VLModel, labels: str = "iou", mlp: int = 2, loss: str | None = None,
-                 head: str | None = None, task_id: int | None = None):
+                 head: str | None = None, task_id: int | None = None, iou_boxes: str | None = None,
+                 iou_comparison: str | None = None):
         self.check(model)
         super().__init__(model)
+        official = REFEXP_OFFICIAL.get(model.family, REFEXP_DEFAULT)
+        self.iou_boxes, self.iou_comparison = iou_boxes or official[0], iou_comparison or official[1]
+        if self.iou_boxes not in IOU_BOXES or self.iou_comparison not in IOU_COMPARISONS:
+            raise ValueError(f"refexp: iou_boxes must be one of {', '.join(IOU_BOXES)} and iou_comparison one of "
+                             f"{', '.join(IOU_COMPARISONS)}; got {self.iou_boxes!r}, {self.iou_comparison!r}")
         if labels not in ("iou", "binary") or mlp not in (1, 2):
             raise ValueError(f"refexp: labels must be 'iou' or 'binary' and mlp 1 or 2; got {labels!r}, {mlp!r}")
         cls = self.head_class(head)
@@ -130,19 +141,26 @@ class RefExp(Task):
         return {"region": region, "box": box, "scores": scores}
 
     def evaluate(self, data: Any, batch_size: int = 64) -> dict[str, float]:
-        """``refexp`` (accuracy: IoU >= 0.5 of the chosen box), ``random_box`` (expected accuracy of a uniform pick
-        among the candidates), ``upper_bound`` (share with any candidate at IoU >= 0.5), ``n``."""
+        """``refexp`` (accuracy: the chosen box hits the target under the task's IoU rule), ``random_box``
+        (expected accuracy of a uniform pick among the candidates), ``upper_bound`` (share with any
+        candidate that hits), ``n``; the same rule throughout."""
         loader = torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=False, collate_fn=data.collator())
         boxes, refs, random_box, reachable = [], [], [], []
         for batch in eval_batches(self, loader, "refexp"):
             boxes.append(self.predict(batch)["box"].float().cpu())
             refs.append(batch.targets["ref_box"].float().cpu())
-            hit = (region_ious(batch) >= IOU_THRESHOLD).float().cpu()
+            hit = self.candidate_hits(batch).float().cpu()
             random_box.append(hit.sum(1) / batch.region_mask.sum(1).clamp(min=1).float().cpu())
             reachable.append(hit.amax(1))
-        return {"refexp": refexp_accuracy(gather(boxes), gather(refs), IOU_THRESHOLD),
+        return {"refexp": refexp_accuracy(gather(boxes), gather(refs), IOU_THRESHOLD, self.iou_boxes,
+                                          self.iou_comparison),
                 "random_box": gather(random_box).mean().item(), "upper_bound": gather(reachable).mean().item(),
                 "n": float(len(gather(refs)))}
+
+    def candidate_hits(self, batch: VLBatch) -> Tensor:
+        """Bool [B, K]: each candidate region hits the referred box under the task's IoU rule (False at padding)."""
+        hits = refexp_hits(region_ious(batch, self.iou_boxes), IOU_THRESHOLD, self.iou_comparison)
+        return hits & batch.region_mask.bool()
 
     @classmethod
     def build_data(cls, cfg: Mapping[str, Any], tokenizer: Any, image_source: Any, world: Any = None) -> TaskData:

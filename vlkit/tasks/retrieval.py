@@ -35,7 +35,7 @@ from vlkit.models.base import VLModel
 from vlkit.models.layers import masked_mean
 from vlkit.registry import HEADS, MODELS, register_task
 from vlkit.tasks.base import Task, TaskData, eval_batches
-from vlkit.tasks.metrics import recall_at_k
+from vlkit.tasks.metrics import RETRIEVAL_TIES, recall_at_k
 from vlkit.types import Encoded, LossOutput, VLBatch, VLOutput
 
 RECIPES = ("multiple_choice", "hard_negatives", "softmax")
@@ -147,12 +147,15 @@ class RetrievalSet:
 # --------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------
-def recall(i2t: Tensor, t2i: Tensor, txt2img: Sequence[int] | Tensor) -> dict[str, float]:
+def recall(i2t: Tensor, t2i: Tensor, txt2img: Sequence[int] | Tensor, ties: str = "worst",
+           uniter_ir_rows: bool = False) -> dict[str, float]:
     """IR recall from the columns of ``t2i`` and TR recall from the rows of ``i2t`` (both [N_img, N_txt];
-    the same matrix when every pair is scored), with their mean ``r_mean``."""
+    the same matrix when every pair is scored), with their mean ``r_mean``; ``ties`` and
+    ``uniter_ir_rows`` as in `recall_at_k`."""
     if i2t is t2i:
-        return recall_at_k(i2t, txt2img)
-    ir, tr = recall_at_k(t2i, txt2img), recall_at_k(i2t, txt2img)
+        return recall_at_k(i2t, txt2img, ties=ties, uniter_ir_rows=uniter_ir_rows)
+    ir = recall_at_k(t2i, txt2img, ties=ties, uniter_ir_rows=uniter_ir_rows)
+    tr = recall_at_k(i2t, txt2img, ties=ties)
     out = {**{k: v for k, v in ir.items() if k.startswith("ir_")},
            **{k: v for k, v in tr.items() if k.startswith("tr_")}}
     out["r_mean"] = sum(out.values()) / len(out)
@@ -264,7 +267,8 @@ class Retrieval(Task):
     ``scorer="itm"`` scores pairs with the ITM head's P(matched) (zero-shot), ``"rank"`` with the
     fine-tuned head. ``prerank_data`` (a training `RetrievalSet`) is what `fit_prerank` learns from when
     a ``rerank`` evaluation needs it. ``task_id``: the model's task input (ViLBERT's task token; default
-    its Flickr30k id, 7 for COCO).
+    its Flickr30k id, 7 for COCO). ``ties``: how `evaluate` ranks equal scores; ``uniter_ir_rows``: count IR
+    hits as UNITER's ``itm_eval`` does (`vlkit.tasks.metrics.recall_at_k`).
     """
 
     name = "retrieval"
@@ -275,7 +279,7 @@ class Retrieval(Task):
                  hard_size: int = 31, num_negatives: int = 15, itm_weight: float | None = None,
                  eval_mode: str = "cached", rerank_k: int = 64, prerank_ridge: float = 1.0,
                  prerank_data: RetrievalSet | None = None, seed: int = 0, head: str | None = None,
-                 task_id: int | None = None):
+                 task_id: int | None = None, ties: str = "worst", uniter_ir_rows: bool = False):
         from vlkit.objectives.mix import Pretraining
 
         if isinstance(model, Pretraining):
@@ -306,6 +310,9 @@ class Retrieval(Task):
         self.eval_mode, self.rerank_k, self.prerank_ridge = eval_mode, rerank_k, prerank_ridge
         self.prerank_data = prerank_data
         self.task_id = None if task_id is None else int(task_id)
+        if ties not in RETRIEVAL_TIES:
+            raise ValueError(f"retrieval: ties must be one of {', '.join(RETRIEVAL_TIES)}, got {ties!r}")
+        self.ties, self.uniter_ir_rows = ties, bool(uniter_ir_rows)
         self.install_head(head_cls(model))
         if itm is not None and (head_cls.init_from_itm if init_from_itm is None else init_from_itm):
             self.init_from_itm()
@@ -502,6 +509,17 @@ class Retrieval(Task):
         i2t[tr_flat], t2i[ir_flat] = full[tr_flat], full[ir_flat]
         return i2t.view(n_img, n_txt), t2i.view(n_img, n_txt)
 
+    def ranking_scores(self, data: RetrievalSet, mode: str | None = None, k: int | None = None,
+                       batch_size: int = 64) -> tuple[Tensor, Tensor]:
+        """`score_matrices` in ``mode`` (default ``eval_mode``), fitting the pre-ranking first when a
+        ``rerank`` needs it (from ``prerank_data``)."""
+        if (mode or self.eval_mode) == "rerank" and self.prerank_w is None:
+            if self.prerank_data is None:
+                raise ValueError("retrieval: rerank needs a fitted pre-ranking: call fit_prerank(train_set) or build "
+                                 "the task with prerank_data= (TaskData.options from build_data)")
+            self.fit_prerank(self.prerank_data, batch_size)
+        return self.score_matrices(data, mode, k, batch_size)
+
     def evaluate(self, data: RetrievalSet, batch_size: int = 64, mode: str | None = None,
                  k: int | None = None) -> dict[str, float]:
         """IR / TR recall at 1, 5, 10 and their mean (fractions), in ``mode`` (default ``eval_mode``), and the
@@ -510,12 +528,7 @@ class Retrieval(Task):
         if not isinstance(data, RetrievalSet):
             raise TypeError(f"retrieval: evaluate takes a RetrievalSet (TaskData.eval[split]), got "
                             f"{type(data).__name__}")
-        if (mode or self.eval_mode) == "rerank" and self.prerank_w is None:
-            if self.prerank_data is None:
-                raise ValueError("retrieval: rerank needs a fitted pre-ranking: call fit_prerank(train_set) or build "
-                                 "the task with prerank_data= (TaskData.options from build_data)")
-            self.fit_prerank(self.prerank_data, batch_size)
-        out = recall(*self.score_matrices(data, mode, k, batch_size), data.txt2img)
+        out = recall(*self.ranking_scores(data, mode, k, batch_size), data.txt2img, self.ties, self.uniter_ir_rows)
         captions_per_image = torch.bincount(data.txt2img, minlength=data.num_images).float()
         out.update(ir_r1_chance=1.0 / data.num_images, tr_r1_chance=float((captions_per_image / data.num_texts).mean()))
         return out

@@ -13,7 +13,7 @@ from torch import nn
 
 from vlkit.registry import register_task
 from vlkit.tasks.base import HeadTask, TaskData, classification_loss, mean, most_common, split_records
-from vlkit.tasks.metrics import normalize_answer, vqa_accuracy, vqa_score_from_soft_targets
+from vlkit.tasks.metrics import VQA_RULES, mean_by, normalize_answer, vqa_accuracy, vqa_score_from_soft_targets
 from vlkit.types import LossOutput, VLBatch
 
 def _target_answer(record: Mapping[str, Any]) -> str | None:
@@ -45,7 +45,8 @@ def soft_scores(answers: Sequence[str], answer2label: Mapping[str, int]) -> tupl
 
 class VQATargets:
     """``targets(record)`` of a VQA example: the dense soft scores [num_answers], the raw human
-    answers and the answer type (for the official accuracy per type)."""
+    answers and the answer and question types (for the official accuracies per type); a question
+    without annotations (test-dev, test-std) has no answers and empty types."""
 
     def __init__(self, num_answers: int):
         self.num_answers = num_answers
@@ -54,7 +55,8 @@ class VQATargets:
         soft = torch.zeros(self.num_answers)
         if row["labels"]:
             soft[torch.tensor(row["labels"], dtype=torch.long)] = torch.tensor(row["scores"], dtype=torch.float32)
-        return {"soft_targets": soft, "answers": list(row["answers"]), "answer_type": row.get("answer_type") or ""}
+        return {"soft_targets": soft, "answers": list(row.get("answers") or []),
+                "answer_type": row.get("answer_type") or "", "question_type": row.get("question_type") or ""}
 
 
 def shapes_vqa_records(world: Any, i: int) -> list[dict]:
@@ -79,10 +81,16 @@ def _vqa_dataset(records: list[dict], answer2label: Mapping[str, int], tokenizer
 
     rows = []
     for r in records:
-        labels, scores = soft_scores(r["answers"], answer2label)
+        labels, scores = soft_scores(r.get("answers") or [], answer2label)
         rows.append({**r, "labels": labels, "scores": scores})
-    return ImageTextPairs(rows, tokenizer, image_source, max_len=max_len, filter_long=filter_long,
+    data = ImageTextPairs(rows, tokenizer, image_source, max_len=max_len, filter_long=filter_long,
                           text_key="question", targets=VQATargets(len(answer2label)))
+    data.question_ids = [r["question_id"] for r in records]  # every question of the split, for the results file
+    return data
+
+
+def _key(kind: str) -> str:
+    return kind.replace("/", "_").replace(" ", "_")
 
 
 @register_task("vqa")
@@ -91,15 +99,20 @@ class VQATask(HeadTask):
 
     ``num_answers`` alone builds the head without answer strings (``predict`` then gives label ids,
     ``evaluate`` needs the strings). ``majority_answer`` (default ``answers[0]``) is the baseline that
-    `evaluate` reports as ``vqa_majority_baseline``.
+    `evaluate` reports as ``vqa_majority_baseline``. ``rules``: the official scorer's version that
+    `evaluate` applies (`vlkit.tasks.metrics.VQA_RULES`; ``2021``, the official code today, by default).
     """
 
     name = "vqa"
 
     def __init__(self, model: nn.Module, answers: Sequence[str] | None = None, num_answers: int | None = None,
                  majority_answer: str | None = None, loss: str | None = None, task_id: int | None = None,
-                 head: str | None = None):
+                 head: str | None = None, rules: str | int = "2021"):
         super().__init__(model, loss, task_id, head)
+        rules = str(rules)  # a config gives 2016 as a number
+        if rules not in VQA_RULES:
+            raise ValueError(f"task vqa: unknown rules {rules!r}; choose one of {', '.join(VQA_RULES)}")
+        self.rules = rules
         if answers is not None:
             answers = [str(a) for a in answers]
             if num_answers is not None and num_answers != len(answers):
@@ -129,30 +142,34 @@ class VQATask(HeadTask):
         return {"ids": batch.ids, "labels": labels, "answers": answers, "logits": logits}
 
     def evaluate(self, data: Any, batch_size: int = 64) -> dict[str, float]:
-        """Official VQA accuracy (``vqa``, and ``vqa_<answer type>``), the training soft score
-        (``vqa_soft_score``) and the accuracy of always answering the majority answer
-        (``vqa_majority_baseline``), all fractions."""
+        """Official VQA accuracy under ``rules`` (``vqa``), per answer type (``vqa_<answer type>``, e.g.
+        ``vqa_yes_no``) and per question type (``vqa_qtype_<question type>``, e.g.
+        ``vqa_qtype_what_color_is_the``), each the mean of the unrounded per-question scores (the
+        10-choose-9 means, as the official code averages per type too, not a single leave-one-out); the
+        training soft score (``vqa_soft_score``) and the accuracy of always answering the majority
+        answer (``vqa_majority_baseline``). All fractions."""
         if self.answers is None:
             raise ValueError("task vqa: evaluate needs the answer strings (build the task with answers=)")
-        predicted, humans, types, ids, soft = [], [], [], [], []
+        predicted, humans, answer_types, question_types, ids, soft = [], [], [], [], [], []
         for batch in self.batches(data, batch_size, "vqa eval"):
             out = self.predict(batch)
             predicted += out["answers"]
             humans += self.target(batch, "answers")
-            types += self.target(batch, "answer_type")
+            answer_types += self.target(batch, "answer_type")
+            question_types += self.target(batch, "question_type")
             ids += batch.ids or [None] * batch.batch_size
             soft.append(vqa_score_from_soft_targets(out["logits"], self.target(batch, "soft_targets")).cpu())
         missing = [i for i, h in zip(ids, humans) if not h]
         if missing:
             raise ValueError(f"task vqa: question {missing[0]!r} (and {len(missing) - 1} more) has no human answers; "
-                             "an unannotated split can only be predicted")
-        accuracy = vqa_accuracy(predicted, humans)
+                             "an unannotated split can only be predicted (vlkit evaluate predictions=...)")
+        accuracy = vqa_accuracy(predicted, humans, self.rules)
         out = {"vqa": mean(accuracy), "vqa_soft_score": float(torch.cat(soft).mean())}
         if self.majority_answer is not None:
-            out["vqa_majority_baseline"] = mean(vqa_accuracy([self.majority_answer] * len(humans), humans))
-        for kind in sorted(set(types) - {""}):
-            key = "vqa_" + kind.replace("/", "_").replace(" ", "_")
-            out[key] = mean([a for a, t in zip(accuracy, types) if t == kind])
+            out["vqa_majority_baseline"] = mean(vqa_accuracy([self.majority_answer] * len(humans), humans, self.rules))
+        for prefix, types in (("vqa_", answer_types), ("vqa_qtype_", question_types)):
+            by_type = mean_by(accuracy, types)
+            out.update({prefix + _key(kind): by_type[kind] for kind in sorted(set(by_type) - {""})})
         return out
 
     @classmethod

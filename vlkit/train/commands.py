@@ -90,43 +90,106 @@ def finetune(cfg, overrides: Sequence[str] | None = None) -> int:
 def evaluate(cfg, overrides: Sequence[str] | None = None) -> int:
     """Evaluate a fine-tuning run (``checkpoint=`` its output_dir), or a pre-training run zero-shot
     on ``task`` (retrieval with the pre-training ITM head). A converted official checkpoint
-    (``vlkit convert``) records no data: ``data=`` and ``task=`` name them."""
+    (``vlkit convert``) records no data: ``data=`` and ``task=`` name them.
+
+    ``split=NAME`` evaluates that split alone (else ``eval_splits``); ``task.<key>=`` given on the
+    command line overrides the run's task config (e.g. the files of a test split); ``eval_options.<key>=``
+    the task's scoring options (VQA ``rules``, RefExp ``iou_boxes`` / ``iou_comparison``, retrieval
+    ``ties`` / ``uniter_ir_rows``). ``predictions=PATH`` writes the split's predictions in its leaderboard format
+    (`vlkit.tasks.predictions`); metrics are computed too when the split has labels.
+    """
     from vlkit.io import atomic_write_text, load_weights
     from vlkit.tasks import build_task
     from vlkit.train.preflight import Preflight, read_init
 
     directory = Path(cfg.checkpoint)
+    splits = (str(cfg.split),) if cfg.get("split") else tuple(cfg.eval_splits)
+    if cfg.get("predictions") and len(splits) != 1:
+        raise ValueError(f"predictions={cfg.predictions} writes one split: name it with split= (eval_splits has "
+                         f"{len(splits)})")
     info = pipeline.read_run_info(directory)
     if info["kind"] not in ("pretrain", "finetune"):
         raise ValueError(f"{directory} holds a {info['kind']} without heads: fine-tune it (init={directory}) first")
     _, model_cfg = read_init(directory)  # the run's model config: its input geometry
     pipeline.set_threads(cfg.get("threads"), model_cfg.get("preset"))
-    data_cfg = info["data"] if info.get("data") is not None else cfg.data
-    env = pipeline.prepare_environment(model_cfg, data_cfg, cfg.get("cache_dir"))
+    eval_options = {k: v for k, v in (pipeline.plain(cfg.get("eval_options")) or {}).items() if v is not None}
     if info["kind"] == "finetune":
         task_cfg = info["task_cfg"] if info.get("task_cfg") is not None else pipeline.plain(cfg.task)
         if task_cfg.get("name") != info["task"]:
             raise ValueError(f"{directory} holds a {info['task']} task that records no data: pass task={info['task']} "
                              "and data= for it")
+        task_cfg = _override_task(task_cfg, pipeline.plain(cfg.task), explicit_keys(overrides))
+    elif cfg.task.name != "retrieval":
+        raise ValueError(f"{directory} is a pre-training run: only zero-shot retrieval evaluates one (task=retrieval)")
+    else:
+        task_cfg = pipeline.plain(cfg.task)
+    _check_eval_options(task_cfg["name"], eval_options)
+    if cfg.get("predictions"):
+        from vlkit.tasks.predictions import PREDICTIONS
+
+        fmt = PREDICTIONS.get(task_cfg["name"])  # an unknown format fails before any work
+    data_cfg = info["data"] if info.get("data") is not None else cfg.data
+    env = pipeline.prepare_environment(model_cfg, data_cfg, cfg.get("cache_dir"))
+    if info["kind"] == "finetune":
         model = pipeline.from_pretrained(directory / "model")
         if info.get("pretraining"):  # a task that kept pre-training heads (retrieval's ITM head)
             model = pipeline.rebuild_pretraining(model, info["pretraining"])
-        task = build_task(info["task"], model, **info["options"])
+        task = build_task(info["task"], model, **{**info["options"], **eval_options})
         load_weights(task, directory / pipeline.TASK_WEIGHTS)
     else:
-        if cfg.task.name != "retrieval":
-            raise ValueError(f"{directory} is a pre-training run: only zero-shot retrieval evaluates one (task=retrieval)")
-        task_cfg = pipeline.plain(cfg.task)
-        task = build_task("retrieval", pipeline.load_pretraining(directory), scorer="itm")
+        task = build_task("retrieval", pipeline.load_pretraining(directory), scorer="itm", **eval_options)
     data = type(task).build_data(task_cfg, env.tokenizer, env.image_source, env.world)
     check = Preflight()
-    pipeline.check_task_data(check, task.name, _without_train(data), task, tuple(cfg.eval_splits))
+    pipeline.check_task_data(check, task.name, _without_train(data), task, splits)
     check.finish()
-    metrics = pipeline.evaluate_task(task, data, tuple(cfg.eval_splits), task_cfg.get("eval_batch_size", 64))
-    out = Path(cfg.get("output") or directory / "eval.json")
-    atomic_write_text(out, json.dumps(metrics, indent=2, sort_keys=True))
-    _announce("evaluate", {"checkpoint": str(directory), "metrics": metrics, "written": str(out)})
+    batch_size = task_cfg.get("eval_batch_size", 64)
+    announced: dict[str, Any] = {"checkpoint": str(directory)}
+    scored = splits
+    if cfg.get("predictions"):
+        from vlkit.tasks.predictions import write_predictions
+
+        announced["predictions"] = write_predictions(task, data.eval[splits[0]], cfg.predictions, batch_size)
+        scored = splits if fmt.labelled(data.eval[splits[0]]) else ()
+    if scored:
+        metrics = pipeline.evaluate_task(task, data, scored, batch_size)
+        out = Path(cfg.get("output") or directory / "eval.json")
+        atomic_write_text(out, json.dumps(metrics, indent=2, sort_keys=True))
+        announced.update(metrics=metrics, written=str(out))
+    _announce("evaluate", announced)
     return 0
+
+
+def _check_eval_options(task: str, options: dict) -> None:
+    """``eval_options.<key>`` must be an option of the task's constructor."""
+    import inspect
+
+    from vlkit.registry import TASKS
+
+    accepted = inspect.signature(TASKS.get(task)).parameters
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        scoring = [k for k in ("rules", "iou_boxes", "iou_comparison", "ties", "uniter_ir_rows") if k in accepted]
+        raise ValueError(f"eval_options.{unknown[0]} does not apply to task {task} (its scoring options: "
+                         f"{', '.join(scoring) or 'none'})")
+
+
+def _override_task(recorded: dict, given: dict, keys: set[str]) -> dict:
+    """The run's task config with the ``task.<key>`` values the command line sets (not ``task.name``)."""
+    import copy
+
+    out = copy.deepcopy(recorded)
+    for key in sorted(k for k in keys if k.startswith("task.") and k != "task.name"):
+        *parents, leaf = key.split(".")[1:]
+        value = given
+        for part in (*parents, leaf):
+            value = value[part]
+        node = out
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[leaf] = copy.deepcopy(value)
+    return out
 
 
 def _without_train(data: Any) -> Any:
