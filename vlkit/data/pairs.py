@@ -502,9 +502,9 @@ def shapes_pairs(cfg: Mapping[str, Any]) -> ImageTextPairs:
 
 @register_dataset("coco")
 def coco_pairs(cfg: Mapping[str, Any]) -> ImageTextPairs:
-    """COCO captions from the Karpathy json (``cfg.path``), splits ``cfg.split``."""
-    return build_pairs(cfg, formats.read_karpathy(cfg["path"], _split_list(cfg.get("split", "train")),
-                                                  cfg.get("image_id", "stem")))
+    """COCO captions (``cfg.path``): COCO's own ``captions_*.json`` or the Karpathy json (splits ``cfg.split``)."""
+    return build_pairs(cfg, formats.read_caption_json(cfg["path"], _split_list(cfg.get("split", "train")),
+                                                      cfg.get("image_id", "stem")))
 
 
 @register_dataset("flickr30k")
