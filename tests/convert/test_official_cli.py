@@ -34,6 +34,7 @@ def test_convert_writes_what_from_pretrained_reads(tmp_path):
         assert torch.equal(pre.objectives["itm"].logits(expected), reference.objectives["itm"].logits(expected))
     run = json.loads((dst / "run.json").read_text())
     assert run["kind"] == "pretrain" and "q_dense" in next(iter(run["converted"]["unused"]))
+    assert run["tokenizer"] == "bert-base-uncased"  # ViLBERT's official tokenizer: what init= / checkpoint= use
     with pytest.raises(FileExistsError, match="not empty"):
         main(["convert", "family=vilbert", f"src={fixture_path('vilbert_pretrain.bin')}", f"dst={dst}", f"config={config}"])
 
@@ -46,6 +47,7 @@ def test_convert_a_task_with_its_answers(tmp_path):
                  f"answers={answers}", "+config.text_config.num_attention_heads=2"]) == 0
     run = json.loads((dst / "run.json").read_text())
     assert run["task"] == "vqa" and run["options"]["answers"][:2] == ["answer0", "answer1"]
+    assert run["tokenizer"] == "roberta-base"  # the RoBERTa text tower's, not bert-base-uncased
     assert vlkit.from_pretrained(dst).config.image_size == 48
 
 
