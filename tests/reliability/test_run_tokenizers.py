@@ -115,13 +115,17 @@ def test_no_tokenizer_offline_fails_at_once_naming_data_tokenizer(tmp_path, coco
     assert not out.exists()
 
 
-def test_whole_word_masking_without_wordpiece_is_refused_before_step_1(tmp_path, data, vlkit_console):
+def test_masking_options_are_checked_before_step_1(tmp_path, data, vlkit_console):
     store, caps, _ = data()
     out = tmp_path / "run"
     code, _, err = vlkit_console("pretrain", "model=uniter", "objectives=uniter_mlm",
                                  "objectives.text_masking.policy=whole_word", *jsonl_data(caps, store), *run_args(out))
     assert code == 1 and "text_masking.policy=whole_word needs a WordPiece tokenizer" in err and "hf_wwm" in err
     assert _nothing_trained(out)
+    code, _, err = vlkit_console("pretrain", "model=uniter", "objectives=uniter_mlm", "+objectives.text_masking.ratio=1",
+                                 "+objectives.region_masking.zero=0", *jsonl_data(caps, store), *run_args(out))
+    assert code == 1 and "text_masking has unknown option(s) ratio; it takes prob, policy" in err
+    assert "region_masking has unknown option(s) zero; it takes prob, zero_prob, min_masked" in err
     code, _, err = vlkit_console("pretrain", "model=uniter", "objectives=uniter_mlm",
                                  "objectives.text_masking.policy=hf_wwm", *jsonl_data(caps, store), *run_args(out))
     assert code == 0, err  # the fixed rerun in the same folder

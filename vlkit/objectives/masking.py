@@ -13,11 +13,15 @@ from torch import Tensor
 
 from vlkit.types import VLBatch
 
-__all__ = ["IGNORE_INDEX", "TOKEN_POLICIES", "mask_patches", "mask_regions", "mask_tokens", "word_starts_from_tokens"]
+__all__ = ["IGNORE_INDEX", "MASKING_OPTIONS", "TOKEN_POLICIES", "mask_patches", "mask_regions", "mask_tokens", "word_starts_from_tokens"]
 
 IGNORE_INDEX = -100
 TokenPolicy = Literal["bernoulli", "whole_word", "hf_wwm"]
 TOKEN_POLICIES = ("bernoulli", "whole_word", "hf_wwm")
+# the options a mix's text_masking / region_masking / patch_masking may set (the rest the mixture passes itself)
+MASKING_OPTIONS = {"text_masking": ("prob", "policy", "force_one", "hf_length"),
+                   "region_masking": ("prob", "zero_prob", "min_masked"),
+                   "patch_masking": ("prob", "min_masked", "exact")}
 _HF_MAX_PREDICTIONS = 512  # DataCollatorForWholeWordMask._whole_word_mask(max_predictions=512)
 
 

@@ -300,7 +300,7 @@ def pretrain_model(env: Environment, model: VLModel, mix: Any, trainer_cfg: Any,
     mix = family_mix(model, mix)
     check.check_mix(model, mix, env.image_source)
     check.check_tokenizer(env.tokenizer, env.data["tokenizer"], model)
-    check.check_text_masking(mix, env.tokenizer)
+    check.check_masking(mix, env.tokenizer)
     dataset = pretraining_dataset(env)
     check.check_data("pre-training", dataset, model)
     check.finish(output_dir)

@@ -9,8 +9,8 @@ Checked fully (cheap whatever the data size: metadata, indexes, configs):
 
 - the output folder: a previous run (a checkpoint) without ``resume=true``, a file in its place, no write
   permission; a run that failed before its first checkpoint does not block its rerun;
-- the tokenizer against the model's word embeddings and ``init=``'s saved tokenizer; the mix's text masking
-  policy against the tokenizer (``whole_word`` needs WordPiece ``##`` tokens);
+- the tokenizer against the model's word embeddings and ``init=``'s saved tokenizer; the mix's masking
+  options (known keys; the text policy against the tokenizer: ``whole_word`` needs WordPiece ``##`` tokens);
 - ``init=``: the saved model's family against an explicit ``model=``, explicit ``model.<field>`` values
   that the saved model would silently override;
 - the objective mix: unknown objectives, objectives the family cannot serve, soft labels (and their
@@ -207,15 +207,21 @@ class Preflight:
             self.problem(f"{key}={name} ({tokens} tokens) is not the tokenizer {run} was trained with ({saved}, "
                          f"{rows} word embeddings): its ids would mean other words{hint}")
 
-    def check_text_masking(self, mix: Any, tokenizer: Any) -> None:
-        """The mix's ``text_masking.policy`` against the tokenizer: ``whole_word`` needs WordPiece ``##`` tokens."""
-        from vlkit.objectives.masking import TOKEN_POLICIES
+    def check_masking(self, mix: Any, tokenizer: Any) -> None:
+        """The mix's masking options: unknown keys, an unknown ``text_masking.policy``, and ``whole_word`` with a
+        tokenizer without WordPiece ``##`` tokens (its word starts come from them)."""
+        from vlkit.objectives.masking import MASKING_OPTIONS, TOKEN_POLICIES
         from vlkit.objectives.mix import load_mix
 
         try:
-            policy = (load_mix(mix).get("text_masking") or {}).get("policy", "bernoulli")
+            cfg = load_mix(mix)
         except (KeyError, TypeError, ValueError, FileNotFoundError):
             return  # check_mix reports an unreadable mix
+        for block, known in MASKING_OPTIONS.items():
+            unknown = sorted(set(cfg.get(block) or {}) - set(known))
+            if unknown:
+                self.problem(f"objectives: {block} has unknown option(s) {', '.join(unknown)}; it takes {', '.join(known)}")
+        policy = (cfg.get("text_masking") or {}).get("policy", "bernoulli")
         if policy not in TOKEN_POLICIES:
             self.problem(f"objectives: text_masking.policy={policy!r} is not one of {', '.join(TOKEN_POLICIES)}")
         elif policy == "whole_word" and not any(t.startswith("##") for t in tokenizer.get_vocab()):
