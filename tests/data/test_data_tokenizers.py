@@ -52,6 +52,9 @@ def test_run_saves_and_finds_its_tokenizer(tmp_path, minilm):
     found = run_tokenizer(tmp_path / "run")
     assert found == str(tmp_path / "run" / "tokenizer") == run_tokenizer(tmp_path / "run" / "model")
     assert same_vocabulary(build_tokenizer(found), tok) and not same_vocabulary(build_tokenizer("shapes"), tok)
+    save_tokenizer(build_tokenizer("shapes"), tmp_path / "run")  # a rerun replaces it whole
+    assert same_vocabulary(build_tokenizer(found), build_tokenizer("shapes"))
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["model", "tokenizer"]
 
 
 def test_converted_run_records_the_official_name(tmp_path):

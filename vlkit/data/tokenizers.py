@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 from pathlib import Path
 from typing import Any
@@ -64,9 +65,14 @@ def run_tokenizer(directory: str | os.PathLike) -> str | None:
 
 
 def save_tokenizer(tokenizer: Any, directory: str | os.PathLike) -> Path:
-    """``tokenizer.save_pretrained(<directory>/tokenizer)``: the run's own copy, written beside its model."""
+    """``tokenizer.save_pretrained(<directory>/tokenizer)``: the run's own copy, written beside its model into a
+    temporary folder that then takes the place of ``tokenizer/`` (never a half-written one)."""
     target = Path(directory) / TOKENIZER_DIR
-    tokenizer.save_pretrained(str(target))
+    partial = target.with_name(f".{TOKENIZER_DIR}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    tokenizer.save_pretrained(str(partial))
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(partial, target)
     return target
 
 
