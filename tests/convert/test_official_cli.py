@@ -95,7 +95,7 @@ def test_converted_run_keeps_the_tokenizer_it_is_given(tmp_path, uniter_store):
     config = _config_file(tmp_path, "uniter_pretrain")
     data = _retrieval_data(tmp_path, uniter_store)
     convert = ["convert", "family=uniter", f"src={fixture_path('uniter_pretrain.pt')}", f"config={config}"]
-    with pytest.raises(ValueError, match=r"tokenizer=shapes has \d+ tokens but .*uniter_pretrain.pt has 128 word embeddings"):
+    with pytest.raises(ValueError, match=r"tokenizer=shapes has \d+ tokens but .*uniter_pretrain.pt has 128 word"):
         main([*convert, f"dst={tmp_path / 'wrong'}", "tokenizer=shapes"])
     assert not (tmp_path / "wrong").exists()  # refused before anything is written
     dst = tmp_path / "uniter"

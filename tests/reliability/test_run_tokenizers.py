@@ -86,7 +86,8 @@ def test_finetune_init_uses_the_runs_tokenizer_and_refuses_another(tmp_path, coc
     code, _, err = vlkit_console("finetune", f"init={pre}", *_coco(karpathy, store, "data.tokenizer=shapes")[1:],
                                  *task, *run_args(other, 2))
     assert code == 1 and "problem(s) found before step 1" in err
-    assert f"data.tokenizer=shapes ({len(build_tokenizer('shapes'))} tokens) is not the tokenizer {pre} was trained with" in err
+    tokens = len(build_tokenizer("shapes"))
+    assert f"data.tokenizer=shapes ({tokens} tokens) is not the tokenizer {pre} was trained with" in err
     assert f"drop data.tokenizer to use the run's own ({pre / 'tokenizer'})" in err
     assert _nothing_trained(other)
 
@@ -122,8 +123,8 @@ def test_masking_options_are_checked_before_step_1(tmp_path, data, vlkit_console
                                  "objectives.text_masking.policy=whole_word", *jsonl_data(caps, store), *run_args(out))
     assert code == 1 and "text_masking.policy=whole_word needs a WordPiece tokenizer" in err and "hf_wwm" in err
     assert _nothing_trained(out)
-    code, _, err = vlkit_console("pretrain", "model=uniter", "objectives=uniter_mlm", "+objectives.text_masking.ratio=1",
-                                 "+objectives.region_masking.zero=0", *jsonl_data(caps, store), *run_args(out))
+    code, _, err = vlkit_console("pretrain", "model=uniter", "objectives=uniter_mlm",
+                                 "+objectives.text_masking.ratio=1", "+objectives.region_masking.zero=0", *jsonl_data(caps, store), *run_args(out))
     assert code == 1 and "text_masking has unknown option(s) ratio; it takes prob, policy" in err
     assert "region_masking has unknown option(s) zero; it takes prob, zero_prob, min_masked" in err
     code, _, err = vlkit_console("pretrain", "model=uniter", "objectives=uniter_mlm",

@@ -112,7 +112,8 @@ def url_image_id(index: int, url: str, mode: str) -> str:
 # --------------------------------------------------------------------------------------------
 # Image-text pairs
 # --------------------------------------------------------------------------------------------
-def _karpathy_images(path: PathLike, splits, image_id: str, data: Any = None) -> Iterator[tuple[str, dict, str, str, str]]:
+def _karpathy_images(path: PathLike, splits, image_id: str,
+                     data: Any = None) -> Iterator[tuple[str, dict, str, str, str]]:
     """(where, image entry, image id, file, split) of a Karpathy json (``data``: its content, if read), restricted
     to ``splits``."""
     data = _load_json(path) if data is None else data

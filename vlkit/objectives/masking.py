@@ -13,7 +13,8 @@ from torch import Tensor
 
 from vlkit.types import VLBatch
 
-__all__ = ["IGNORE_INDEX", "MASKING_OPTIONS", "TOKEN_POLICIES", "mask_patches", "mask_regions", "mask_tokens", "word_starts_from_tokens"]
+__all__ = ["IGNORE_INDEX", "MASKING_OPTIONS", "TOKEN_POLICIES", "mask_patches", "mask_regions", "mask_tokens",
+           "word_starts_from_tokens"]
 
 IGNORE_INDEX = -100
 TokenPolicy = Literal["bernoulli", "whole_word", "hf_wwm"]

@@ -562,7 +562,7 @@ class Retrieval(Task):
         source = cfg.get("source", "shapes")
         if source == "shapes":
             if world is None:
-                raise world_needed("retrieval", "task.path (a Karpathy json: dataset_flickr30k.json, dataset_coco.json)")
+                raise world_needed("retrieval", "task.path (a Karpathy json such as dataset_flickr30k.json)")
 
             def images(splits: list[str]) -> list[dict[str, Any]]:
                 return [{"image_id": world.image_id(i), "captions": world.captions(i)}

@@ -197,7 +197,8 @@ class Preflight:
         if saved is None:
             if tokens != rows:
                 self.problem(f"{key}={name} has {tokens} tokens but the {model.family} model of {run} has {rows} "
-                             f"word embeddings and {run} saved no tokenizer: give {key} the tokenizer it was trained with")
+                             f"word embeddings and {run} saved no tokenizer: give {key} the tokenizer it was "
+                             "trained with")
             return
         try:
             same = same_vocabulary(tokenizer, build_tokenizer(saved, key=f"the tokenizer of {run}"))
@@ -220,7 +221,8 @@ class Preflight:
         for block, known in MASKING_OPTIONS.items():
             unknown = sorted(set(cfg.get(block) or {}) - set(known))
             if unknown:
-                self.problem(f"objectives: {block} has unknown option(s) {', '.join(unknown)}; it takes {', '.join(known)}")
+                self.problem(f"objectives: {block} has unknown option(s) {', '.join(unknown)}; it takes "
+                             f"{', '.join(known)}")
         policy = (cfg.get("text_masking") or {}).get("policy", "bernoulli")
         if policy not in TOKEN_POLICIES:
             self.problem(f"objectives: text_masking.policy={policy!r} is not one of {', '.join(TOKEN_POLICIES)}")
