@@ -11,6 +11,7 @@ import vlkit
 from official_fixtures import fixture_path, meta
 from vlkit.cli import main
 from vlkit.convert import from_official
+from vlkit.data.tokenizers import run_tokenizer
 from vlkit.train.pipeline import load_pretraining
 
 
@@ -34,6 +35,7 @@ def test_convert_writes_what_from_pretrained_reads(tmp_path):
         assert torch.equal(pre.objectives["itm"].logits(expected), reference.objectives["itm"].logits(expected))
     run = json.loads((dst / "run.json").read_text())
     assert run["kind"] == "pretrain" and "q_dense" in next(iter(run["converted"]["unused"]))
+    assert run["tokenizer"] == "bert-base-uncased"  # ViLBERT's official tokenizer: what init= / checkpoint= use
     with pytest.raises(FileExistsError, match="not empty"):
         main(["convert", "family=vilbert", f"src={fixture_path('vilbert_pretrain.bin')}", f"dst={dst}", f"config={config}"])
 
@@ -46,6 +48,7 @@ def test_convert_a_task_with_its_answers(tmp_path):
                  f"answers={answers}", "+config.text_config.num_attention_heads=2"]) == 0
     run = json.loads((dst / "run.json").read_text())
     assert run["task"] == "vqa" and run["options"]["answers"][:2] == ["answer0", "answer1"]
+    assert run["tokenizer"] == "roberta-base"  # the RoBERTa text tower's, not bert-base-uncased
     assert vlkit.from_pretrained(dst).config.image_size == 48
 
 
@@ -86,3 +89,17 @@ def test_converted_checkpoint_finetunes_and_evaluates(tmp_path, uniter_store):
     run = json.loads((ft / "run.json").read_text())
     assert main(["evaluate", f"checkpoint={ft}", f"cache_dir={tmp_path / 'cache'}"]) == 0
     assert json.loads((ft / "eval.json").read_text()) == run["metrics"]
+
+
+def test_converted_run_keeps_the_tokenizer_it_is_given(tmp_path, uniter_store):
+    config = _config_file(tmp_path, "uniter_pretrain")
+    data = _retrieval_data(tmp_path, uniter_store)
+    convert = ["convert", "family=uniter", f"src={fixture_path('uniter_pretrain.pt')}", f"config={config}"]
+    with pytest.raises(ValueError, match=r"tokenizer=shapes has \d+ tokens but .*uniter_pretrain.pt has 128 word"):
+        main([*convert, f"dst={tmp_path / 'wrong'}", "tokenizer=shapes"])
+    assert not (tmp_path / "wrong").exists()  # refused before anything is written
+    dst = tmp_path / "uniter"
+    assert main([*convert, f"dst={dst}", f"tokenizer={tmp_path / 'tokenizer'}"]) == 0
+    assert run_tokenizer(dst) == str(dst / "tokenizer")
+    no_tokenizer = [a for a in data if not a.startswith("data.tokenizer=")]  # the run's own tokenizer/
+    assert main(["evaluate", f"checkpoint={dst}", *no_tokenizer, f"output={tmp_path / 'zero_shot.json'}"]) == 0

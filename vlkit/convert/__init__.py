@@ -60,10 +60,14 @@ def from_official(family: str, checkpoint: str | os.PathLike | Mapping[str, Any]
     return (module, report) if return_report else module
 
 
-def save_converted(module: nn.Module, report: OfficialReport, directory: str | os.PathLike) -> Path:
+def save_converted(module: nn.Module, report: OfficialReport, directory: str | os.PathLike,
+                   tokenizer: Any = None) -> Path:
     """Write a converted module as a vlkit run directory: ``model/`` (``save_pretrained``), the module's
-    weights (``pretraining.safetensors`` or ``task.safetensors``) and ``run.json``, which
+    weights (``pretraining.safetensors`` or ``task.safetensors``), ``tokenizer/`` when ``tokenizer`` is given and
+    ``run.json`` (with the official tokenizer's name: what ``finetune init=`` / ``evaluate checkpoint=`` use without
+    ``tokenizer/`` unless ``data.tokenizer`` is given), which
     `vlkit.from_pretrained`, ``vlkit finetune init=`` and ``vlkit evaluate checkpoint=`` read."""
+    from vlkit.data.tokenizers import save_tokenizer
     from vlkit.io import atomic_write_text
     from vlkit.models.base import VLModel
     from vlkit.objectives.mix import Pretraining
@@ -72,21 +76,25 @@ def save_converted(module: nn.Module, report: OfficialReport, directory: str | o
     directory = Path(directory)
     converted = {"source": report.source, "family": report.family, "kind": report.kind,
                  "unused": report.unused, "transformed": report.transformed, "cast": len(report.cast)}
+    model = module if isinstance(module, VLModel) else module.model
+    official = type(model).official_tokenizer(model.config)  # what `vlkit.data.tokenizers.run_tokenizer` reads
     if isinstance(module, VLModel):  # no heads: the model alone
         module.save_pretrained(directory / "model")
-        info = {"kind": "model", "family": module.family, "converted": converted}
+        if tokenizer is not None:
+            save_tokenizer(tokenizer, directory)
+        info = {"kind": "model", "family": module.family, "converted": converted, "tokenizer": official}
         atomic_write_text(directory / RUN_INFO, json.dumps(info, indent=2, sort_keys=True))
         return directory
     if isinstance(module, Pretraining):
         info = {"kind": "pretrain", "family": module.model.family, "objectives": module.mix, "seed": module.seed,
-                "data": None, "converted": converted}
+                "data": None, "converted": converted, "tokenizer": official}
     else:
         itm = getattr(module, "itm", None)
         pretraining = {"objectives": {"itm": {}}, "seed": 0} if itm is not None else None  # retrieval's ITM head
         info = {"kind": "finetune", "task": module.name, "family": module.model.family,
                 "options": task_options(module), "data": None, "task_cfg": None, "pretraining": pretraining,
-                "converted": converted}
-    save_run(directory, module, info)
+                "converted": converted, "tokenizer": official}
+    save_run(directory, module, info, tokenizer)
     return directory
 
 

@@ -27,20 +27,27 @@ def read_answers(path: str | Path) -> list[str]:
 
 
 def convert(cfg) -> int:
-    """Convert ``src`` (family ``family``) and write the vlkit run directory ``dst``."""
+    """Convert ``src`` (family ``family``) and write the vlkit run directory ``dst`` (with ``tokenizer``'s files)."""
     from vlkit.convert import from_official, save_converted
+    from vlkit.data.tokenizers import TokenizerError, build_tokenizer
+    from vlkit.models.base import VLModel
     from vlkit.train.pipeline import plain
 
     dst = Path(cfg.dst)
     if dst.exists() and any(dst.iterdir()) and not cfg.overwrite:
         raise FileExistsError(f"{dst} is not empty; choose another dst= or pass overwrite=true")
+    tokenizer = build_tokenizer(cfg.tokenizer, key="tokenizer") if cfg.get("tokenizer") else None
     options = dict(plain(cfg.options) or {})
     if cfg.answers:
         options["answers"] = read_answers(cfg.answers)
     config = plain(cfg.config)
     module, report = from_official(cfg.family, cfg.src, config=config, task=cfg.task, options=options,
                                    return_report=True)
-    save_converted(module, report, dst)
+    rows = (module if isinstance(module, VLModel) else module.model).vocab_size
+    if tokenizer is not None and len(tokenizer) != rows:
+        raise TokenizerError(f"tokenizer={cfg.tokenizer} has {len(tokenizer)} tokens but {cfg.src} has {rows} word "
+                             "embeddings: give the tokenizer the checkpoint was trained with")
+    save_converted(module, report, dst, tokenizer)
     print(report)
     print(json.dumps({"convert": {"dst": str(dst), "family": report.family, "kind": report.kind,
                                   "loaded": report.mapped, "unused": len(report.unused)}}, indent=2))

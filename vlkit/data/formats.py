@@ -112,9 +112,11 @@ def url_image_id(index: int, url: str, mode: str) -> str:
 # --------------------------------------------------------------------------------------------
 # Image-text pairs
 # --------------------------------------------------------------------------------------------
-def _karpathy_images(path: PathLike, splits, image_id: str) -> Iterator[tuple[str, dict, str, str, str]]:
-    """(where, image entry, image id, file, split) of a Karpathy json, restricted to ``splits``."""
-    data = _load_json(path)
+def _karpathy_images(path: PathLike, splits, image_id: str,
+                     data: Any = None) -> Iterator[tuple[str, dict, str, str, str]]:
+    """(where, image entry, image id, file, split) of a Karpathy json (``data``: its content, if read), restricted
+    to ``splits``."""
+    data = _load_json(path) if data is None else data
     wanted = _splits(splits)
     for k, img in enumerate(_get_list(data, "images", str(path))):
         where = f"{path}: images[{k}]"
@@ -132,17 +134,56 @@ def _karpathy_images(path: PathLike, splits, image_id: str) -> Iterator[tuple[st
         yield where, img, iid, file, split
 
 
-def read_karpathy(path: PathLike, splits: str | Iterable[str] | None = None, image_id: str = "stem") -> list[dict]:
+def read_karpathy(path: PathLike, splits: str | Iterable[str] | None = None, image_id: str = "stem",
+                  data: Any = None) -> list[dict]:
     """COCO / Flickr30k Karpathy json (``dataset_coco.json``): one record per sentence
     ``{id (sentid), image_id, caption, file, split}``. ``image_id`` is the file stem by default
     (or ``"cocoid"`` / ``"imgid"``); ``splits`` e.g. ``("train", "restval")``, None for all."""
     out = []
-    for where, img, iid, file, split in _karpathy_images(path, splits, image_id):
+    for where, img, iid, file, split in _karpathy_images(path, splits, image_id, data):
         for s, sent in enumerate(_get_list(img, "sentences", where)):
             w = f"{where}.sentences[{s}]"
             out.append({"id": str(_get(sent, "sentid", w)), "image_id": iid, "caption": _text(sent, "raw", w),
                         "file": file, "split": split})
     return out
+
+
+def read_coco_captions(path: PathLike, image_id: str = "stem", data: Any = None) -> list[dict]:
+    """COCO's own caption file (``captions_train2014.json``: ``{images: [{id, file_name, ...}], annotations:
+    [{image_id, id, caption}]}``): one record per annotation ``{id, image_id, caption, file}`` in annotation
+    order. ``image_id`` is the file stem (``COCO_train2014_000000391895``, as Karpathy's ``stem``) or
+    ``"cocoid"`` (the integer id, as Karpathy's ``cocoid``)."""
+    if image_id not in ("stem", "cocoid"):
+        raise ValueError(f"unknown image id {image_id!r} for COCO's own caption file {path}; use 'stem' or 'cocoid'")
+    data = _load_json(path) if data is None else data
+    files = {}
+    for k, img in enumerate(_get_list(data, "images", str(path))):
+        where = f"{path}: images[{k}]"
+        files[_get(img, "id", where)] = str(_get(img, "file_name", where))
+    out = []
+    for k, ann in enumerate(_get_list(data, "annotations", str(path))):
+        where = f"{path}: annotations[{k}]"
+        cocoid = _get(ann, "image_id", where)
+        if cocoid not in files:
+            raise FormatError(f"{where}: image_id {cocoid!r} is not in the file's images")
+        iid = Path(files[cocoid]).stem if image_id == "stem" else str(cocoid)
+        out.append({"id": str(_get(ann, "id", where)), "image_id": iid, "caption": _text(ann, "caption", where),
+                    "file": files[cocoid]})
+    return out
+
+
+def read_caption_json(path: PathLike, splits: str | Iterable[str] | None = None, image_id: str = "stem") -> list[dict]:
+    """Captions of either COCO's own file (``captions_*.json``, `read_coco_captions`: the file is one split, so
+    ``splits`` does not apply) or a Karpathy json (``dataset_coco.json`` / ``dataset_flickr30k.json``,
+    `read_karpathy`), told apart by their keys."""
+    data = _load_json(path)
+    if isinstance(data, dict) and "annotations" in data:
+        return read_coco_captions(path, image_id, data)
+    if isinstance(data, dict) and "images" in data:
+        return read_karpathy(path, splits, image_id, data)
+    raise FormatError(f"{path}: neither COCO's captions_*.json ({{images, annotations}}) nor a Karpathy json "
+                      f"({{images: [{{split, filename, sentences}}]}}); its top level has "
+                      f"{sorted(data) if isinstance(data, dict) else type(data).__name__}")
 
 
 def read_karpathy_retrieval(path: PathLike, split: str | Iterable[str], image_id: str = "stem") -> list[dict]:
@@ -177,13 +218,19 @@ def _read_lines(path: PathLike) -> list[str]:
 
 
 def read_cc_tsv(path: PathLike, image_id: str = "index", columns: Sequence[str] = ("caption", "url")) -> list[dict]:
-    """Conceptual Captions tsv (``caption<TAB>url`` per line, no header; CC12M's order is
-    ``columns=("url", "caption")``): ``{id, image_id, caption, url}``, image id per `url_image_id`."""
+    """Conceptual Captions tsv (``caption<TAB>url`` per line as Google ships it, no header; CC12M's order is
+    ``columns=("url", "caption")``): ``{id, image_id, caption, url}``, image id per `url_image_id` (the index
+    counts the data rows). A first line that names the two columns (``caption<TAB>url``, as re-packaged copies
+    have) is a header and skipped."""
     if sorted(columns) != ["caption", "url"]:
         raise ValueError(f"columns must name 'caption' and 'url', got {list(columns)}")
+    lines = _read_lines(path)
+    header = int(bool(lines) and sorted(f.strip().lower() for f in lines[0].split("\t")) == ["caption", "url"])
+    if header:
+        columns = [f.strip().lower() for f in lines[0].split("\t")]
     out = []
-    for k, line in enumerate(_read_lines(path)):
-        where = f"{path}:{k + 1}"
+    for k, line in enumerate(lines[header:]):
+        where = f"{path}:{k + 1 + header}"
         fields = line.split("\t")
         if len(fields) != 2:
             raise FormatError(f"{where}: expected 2 tab-separated fields ({' <TAB> '.join(columns)}), got {len(fields)}")

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from vlkit.data import formats
+from vlkit.data.tokenizers import build_tokenizer
 from vlkit.registry import register_dataset
 from vlkit.types import VLBatch
 from vlkit.validate import DataError, SkipLog, check_on_error, decode_image
@@ -398,17 +399,6 @@ class VLCollator:
 # --------------------------------------------------------------------------------------------
 # Registered datasets: `data=<name>` in YAML -> DATASETS.get(name)(cfg) -> ImageTextPairs
 # --------------------------------------------------------------------------------------------
-def build_tokenizer(name: str):
-    """``"shapes"`` -> the shapes world's tokenizer; anything else -> ``AutoTokenizer.from_pretrained``."""
-    if name == "shapes":
-        from vlkit.data.shapes import shapes_tokenizer
-
-        return shapes_tokenizer()
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(name)
-
-
 class CachedSource:
     """An image source that keeps every image's fields in memory after its first load (``data.image.
     cache=true``): for small data read many times, and deterministic transforms only (no RandAugment)."""
@@ -489,7 +479,7 @@ def _streamed_only(image_id: str):
 
 def build_pairs(cfg: Mapping[str, Any], records: Iterable[dict], world: Any = None) -> ImageTextPairs:
     """`ImageTextPairs` over ``records`` with the tokenizer, lengths, image source and ``on_error`` of ``cfg``."""
-    return ImageTextPairs(list(records), build_tokenizer(cfg.get("tokenizer", "shapes")),
+    return ImageTextPairs(list(records), build_tokenizer(cfg.get("tokenizer")),
                           build_image_source(cfg.get("image", {}), world, cfg.get("on_error") or "raise"),
                           max_len=cfg.get("max_len", 62), filter_long=cfg.get("filter_long", False))
 
@@ -512,9 +502,9 @@ def shapes_pairs(cfg: Mapping[str, Any]) -> ImageTextPairs:
 
 @register_dataset("coco")
 def coco_pairs(cfg: Mapping[str, Any]) -> ImageTextPairs:
-    """COCO captions from the Karpathy json (``cfg.path``), splits ``cfg.split``."""
-    return build_pairs(cfg, formats.read_karpathy(cfg["path"], _split_list(cfg.get("split", "train")),
-                                                  cfg.get("image_id", "stem")))
+    """COCO captions (``cfg.path``): COCO's own ``captions_*.json`` or the Karpathy json (splits ``cfg.split``)."""
+    return build_pairs(cfg, formats.read_caption_json(cfg["path"], _split_list(cfg.get("split", "train")),
+                                                      cfg.get("image_id", "stem")))
 
 
 @register_dataset("flickr30k")

@@ -31,8 +31,9 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from vlkit.data.pairs import IMAGE_ERRORS, VLCollator, _to_tensor, build_image_source, build_tokenizer
+from vlkit.data.pairs import IMAGE_ERRORS, VLCollator, _to_tensor, build_image_source
 from vlkit.data.shards import ShardError, read_manifest
+from vlkit.data.tokenizers import build_tokenizer
 from vlkit.registry import register_dataset
 from vlkit.validate import SkipLog, check_on_error, decode_image
 

@@ -86,7 +86,8 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
       ``conf/objectives``, a YAML path or a mapping), ``objective_defaults`` (objective name -> option
       defaults, as its official code sets them), ``trainer_preset`` (`TrainerConfig` fields of its
       official optimisation, ``trainer=<family>``); its task heads are registered with
-      `vlkit.register_head`.
+      `vlkit.register_head`; ``default_tokenizer`` (its official tokenizer, what ``data.tokenizer: null``
+      resolves to).
     """
 
     family: ClassVar[str] = ""
@@ -97,6 +98,7 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
     encoder_prefixes: ClassVar[tuple[str, ...]] = ()  # pre-trained unimodal towers (METER's lower lr)
     image_offset: int = 0  # leading image states that are not inputs ([IMG], a ViT's [CLS]; VLOutput.image_offset)
     default_mix: ClassVar[Any] = None
+    default_tokenizer: ClassVar[str] = "bert-base-uncased"
     objective_defaults: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
     trainer_preset: ClassVar[Mapping[str, Any]] = {}
 
@@ -184,6 +186,11 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
     def extend_image_types(self, count: int) -> None:
         """Grow the image token types to ``count`` (the new ones copy type 1) and record it in the config."""
         raise TypeError(f"{self.family} has no image token types")
+
+    @classmethod
+    def official_tokenizer(cls, config: ModelConfig) -> str:
+        """The tokenizer the family's official code pairs with ``config`` (``default_tokenizer``)."""
+        return cls.default_tokenizer
 
     def task_inputs(self, task: str, batch: VLBatch, task_id: int | None = None) -> dict[str, Any]:
         """Extra forward keywords for downstream ``task`` (none by default)."""

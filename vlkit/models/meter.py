@@ -106,11 +106,17 @@ class Meter(VLModel):
     encoder_prefixes = ("text_transformer", "vit_model")
     # task_mlm_itm_clip_bert: MLM + ITM in two forward passes, weight 1 each
     default_mix = "meter"
+    default_tokenizer = "roberta-base"
     objective_defaults = {"itm": {"negatives": "image", "split": "half", "match_index": 1, "dropout": 0.0}}
     # meter/config.py task_mlm_itm_clip_bert, meter_utils.set_schedule (no gradient clipping)
     trainer_preset = dict(max_steps=100000, lr=1e-5, lr_mult=5.0, lr_mult_head=5.0, betas=[0.9, 0.98], eps=1e-8,
                           adamw_rule="hf", weight_decay=0.01, no_decay="bert_timm", warmup=0.1, schedule="polynomial",
                           power=1.0, end_lr=0.0, schedule_offset=0, grad_clip=0.0, batching="fixed")
+
+    @classmethod
+    def official_tokenizer(cls, config: MeterConfig) -> str:
+        """``roberta-base`` for a RoBERTa text tower, ``bert-base-uncased`` for a BERT one (meter/config.py)."""
+        return cls.default_tokenizer if config.text_encoder == "roberta" else "bert-base-uncased"
 
     def __init__(self, config: MeterConfig):
         super().__init__(config)

@@ -50,6 +50,7 @@ class Uniter(VLModel):
     image_types = True
     # config/pretrain-alldata-base-8gpu.json: ITM (+ WRA) : MLM : MRFR : MRC-kl, one per step
     default_mix = "uniter"
+    default_tokenizer = "bert-base-cased"
     objective_defaults = {
         "itm": {"negatives": "image", "split": "bernoulli", "match_index": 1, "dropout": 0.0},
         "mrc": {"reduction": "mean"},

@@ -137,6 +137,7 @@ class ViLBERT(VLModel):
     image_offset = 1  # the [IMG] token
     # train_concap.py (pretrained_model.bin): MLM + MRC-kl + ITM summed, joint masking
     default_mix = "vilbert"
+    default_tokenizer = "bert-base-uncased"
     objective_defaults = {
         "itm": {"negatives": "text", "split": "bernoulli", "match_index": 0, "dropout": 0.1},
         "mrc": {"reduction": "per_region"},

@@ -13,11 +13,16 @@ from torch import Tensor
 
 from vlkit.types import VLBatch
 
-__all__ = ["IGNORE_INDEX", "mask_patches", "mask_regions", "mask_tokens", "word_starts_from_tokens"]
+__all__ = ["IGNORE_INDEX", "MASKING_OPTIONS", "TOKEN_POLICIES", "mask_patches", "mask_regions", "mask_tokens",
+           "word_starts_from_tokens"]
 
 IGNORE_INDEX = -100
 TokenPolicy = Literal["bernoulli", "whole_word", "hf_wwm"]
-_TOKEN_POLICIES = ("bernoulli", "whole_word", "hf_wwm")
+TOKEN_POLICIES = ("bernoulli", "whole_word", "hf_wwm")
+# the options a mix's text_masking / region_masking / patch_masking may set (the rest the mixture passes itself)
+MASKING_OPTIONS = {"text_masking": ("prob", "policy", "force_one", "hf_length"),
+                   "region_masking": ("prob", "zero_prob", "min_masked"),
+                   "patch_masking": ("prob", "min_masked", "exact")}
 _HF_MAX_PREDICTIONS = 512  # DataCollatorForWholeWordMask._whole_word_mask(max_predictions=512)
 
 
@@ -118,8 +123,8 @@ def mask_tokens(
       and specials are dropped afterwards, so a row may end up with fewer or no masked tokens.
       ``word_starts`` None makes every token a word (RoBERTa has no ``##``). ``force_one`` is ignored.
     """
-    if policy not in _TOKEN_POLICIES:
-        raise ValueError(f"mask_tokens: unknown policy {policy!r}; choose from {_TOKEN_POLICIES}")
+    if policy not in TOKEN_POLICIES:
+        raise ValueError(f"mask_tokens: unknown policy {policy!r}; choose from {TOKEN_POLICIES}")
     if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
         raise ValueError(f"mask_tokens: input_ids {tuple(input_ids.shape)} and attention_mask "
                          f"{tuple(attention_mask.shape)} must be the same [B, T]")

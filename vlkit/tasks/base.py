@@ -169,6 +169,12 @@ def _as_list(spec: Any) -> list:
     return list(spec) if isinstance(spec, Sequence) and not isinstance(spec, str) else [spec]
 
 
+def world_needed(name: str, keys: str) -> ValueError:
+    """The error of a ``task.source=shapes`` task without the shapes world: it says how to read the real files."""
+    return ValueError(f"task {name}: source=shapes (the default) reads the shapes world, which only data=shapes gives; "
+                      f"for the dataset's own files set task.source=files and {keys} (see docs/datasets.md)")
+
+
 def split_records(cfg: Mapping[str, Any], world: Any, from_world: Callable[[Any, int], Iterable[dict]],
                   from_files: Callable[[Any], list[dict]]) -> dict[str, list[dict]]:
     """Records per split of a task config.
@@ -182,7 +188,7 @@ def split_records(cfg: Mapping[str, Any], world: Any, from_world: Callable[[Any,
     name, source = cfg.get("name", "task"), cfg.get("source", "shapes")
     if source == "shapes":
         if world is None:
-            raise ValueError(f"task {name}: source=shapes needs the shapes world (data=shapes)")
+            raise world_needed(name, "task.files.train / task.files.val / task.files.test")
         splits = {s: [r for i in world.indices(s) for r in from_world(world, i)] for s in SPLITS}
     elif source == "files":
         files = cfg.get("files") or {}

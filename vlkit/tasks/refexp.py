@@ -30,9 +30,14 @@ from torch import Tensor
 from vlkit.models.base import VLModel
 from vlkit.models.layers import MASK_VALUE
 from vlkit.registry import register_task
+<<<<<<< HEAD
 from vlkit.tasks.base import IncompatibleTask, Task, TaskData, eval_batches, gather
 from vlkit.tasks.metrics import (IOU_BOXES, IOU_COMPARISONS, REFEXP_DEFAULT, REFEXP_OFFICIAL, refexp_accuracy,
                                  refexp_hits, refexp_iou)
+=======
+from vlkit.tasks.base import IncompatibleTask, Task, TaskData, eval_batches, gather, world_needed
+from vlkit.tasks.metrics import paired_box_iou, refexp_accuracy
+>>>>>>> issue21b
 from vlkit.types import LossOutput, VLBatch
 
 __all__ = ["IncompatibleTask", "LOSSES", "RefExp", "region_ious"]
@@ -176,7 +181,7 @@ class RefExp(Task):
         source = cfg.get("source", "shapes")
         if source == "shapes":
             if world is None:
-                raise ValueError("refexp: source=shapes needs the ShapesWorld (world=...)")
+                raise world_needed("refexp", "task.refs (refs(unc).p) and task.instances (instances.json)")
             refs = []
             for i in range(len(world)):
                 for ref in world.refexps(i):

@@ -34,8 +34,13 @@ from torch import Tensor, nn
 from vlkit.models.base import VLModel
 from vlkit.models.layers import masked_mean
 from vlkit.registry import HEADS, MODELS, register_task
+<<<<<<< HEAD
 from vlkit.tasks.base import Task, TaskData, eval_batches
 from vlkit.tasks.metrics import RETRIEVAL_TIES, recall_at_k
+=======
+from vlkit.tasks.base import Task, TaskData, eval_batches, world_needed
+from vlkit.tasks.metrics import recall_at_k
+>>>>>>> issue21b
 from vlkit.types import Encoded, LossOutput, VLBatch, VLOutput
 
 RECIPES = ("multiple_choice", "hard_negatives", "softmax")
@@ -575,7 +580,7 @@ class Retrieval(Task):
         source = cfg.get("source", "shapes")
         if source == "shapes":
             if world is None:
-                raise ValueError("retrieval: source=shapes needs the ShapesWorld (world=...)")
+                raise world_needed("retrieval", "task.path (a Karpathy json such as dataset_flickr30k.json)")
 
             def images(splits: list[str]) -> list[dict[str, Any]]:
                 return [{"image_id": world.image_id(i), "captions": world.captions(i)}

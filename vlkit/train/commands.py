@@ -46,16 +46,38 @@ def _model_and_preflight(cfg, overrides: Sequence[str] | None):
     return (saved if saved is not None else model_cfg), check
 
 
-def pretrain(cfg, overrides: Sequence[str] | None = None) -> int:
-    """Pre-train ``model`` on ``data`` with the objective mix ``objectives`` (default: the family's own)."""
+def _run_data(data_cfg: Any, run: str | Path | None, given: Any, explicit: set[str]) -> dict[str, Any]:
+    """``data_cfg`` with the tokenizer a saved ``run`` (``init=`` / ``checkpoint=``) uses
+    (`vlkit.data.tokenizers.run_tokenizer`), unless the command line sets ``data.tokenizer`` (``given``)."""
+    from vlkit.data.tokenizers import run_tokenizer
+
+    data = pipeline.plain(data_cfg)
+    saved = run_tokenizer(run) if run else None
+    if "data.tokenizer" in explicit:
+        data["tokenizer"] = given
+    elif saved:
+        data["tokenizer"] = saved
+    return data
+
+
+def _prepare(cfg, model_cfg: dict[str, Any], check: Any, overrides: Sequence[str] | None):
+    """(environment, model) of a pretrain / finetune run; the tokenizer checked against the model and ``init=``."""
     from accelerate.utils import set_seed
 
+    data = _run_data(cfg.data, cfg.get("init"), cfg.data.get("tokenizer"), explicit_keys(overrides))
+    env = pipeline.prepare_environment(model_cfg, data, cfg.get("cache_dir"))
+    set_seed(cfg.trainer.seed)  # after the environment: a first feature extraction draws from the global RNG
+    model = pipeline.build_run_model(env, model_cfg, cfg.get("init"))
+    check.check_tokenizer(env.tokenizer, env.data["tokenizer"], model, cfg.get("init"))
+    return env, model
+
+
+def pretrain(cfg, overrides: Sequence[str] | None = None) -> int:
+    """Pre-train ``model`` on ``data`` with the objective mix ``objectives`` (default: the family's own)."""
     seed = cfg.trainer.seed
     model_cfg, check = _model_and_preflight(cfg, overrides)
     pipeline.set_threads(cfg.get("threads"), model_cfg.get("preset"))
-    env = pipeline.prepare_environment(model_cfg, cfg.data, cfg.get("cache_dir"))
-    set_seed(seed)  # after the environment: a first feature extraction draws from the global RNG
-    model = pipeline.build_run_model(env, model_cfg, cfg.get("init"))
+    env, model = _prepare(cfg, model_cfg, check, overrides)
     trainer_cfg = pipeline.plain(cfg.trainer) | {"resume": bool(cfg.resume)}
     _, result = pipeline.pretrain_model(env, model, cfg.get("objectives"), trainer_cfg, cfg.trainer.output_dir, seed,
                                         preflight=check)
@@ -66,8 +88,6 @@ def pretrain(cfg, overrides: Sequence[str] | None = None) -> int:
 
 def finetune(cfg, overrides: Sequence[str] | None = None) -> int:
     """Fine-tune ``model`` (from scratch, or from a pre-training run with ``init=``) on ``task``."""
-    from accelerate.utils import set_seed
-
     if cfg.task.name is None:
         from vlkit.registry import TASKS
 
@@ -75,9 +95,7 @@ def finetune(cfg, overrides: Sequence[str] | None = None) -> int:
     seed = cfg.trainer.seed
     model_cfg, check = _model_and_preflight(cfg, overrides)
     pipeline.set_threads(cfg.get("threads"), model_cfg.get("preset"))
-    env = pipeline.prepare_environment(model_cfg, cfg.data, cfg.get("cache_dir"))
-    set_seed(seed)  # after the environment: a first feature extraction draws from the global RNG
-    model = pipeline.build_run_model(env, model_cfg, cfg.get("init"))
+    env, model = _prepare(cfg, model_cfg, check, overrides)
     if cfg.get("init") and (Path(cfg.init) / pipeline.PRETRAINING_WEIGHTS).exists():
         model = pipeline.load_pretraining(cfg.init, model)  # its heads: retrieval starts from the ITM head
     trainer_cfg = pipeline.plain(cfg.trainer) | {"resume": bool(cfg.resume)}
@@ -128,7 +146,8 @@ def evaluate(cfg, overrides: Sequence[str] | None = None) -> int:
         from vlkit.tasks.predictions import PREDICTIONS
 
         fmt = PREDICTIONS.get(task_cfg["name"])  # an unknown format fails before any work
-    data_cfg = info["data"] if info.get("data") is not None else cfg.data
+    data_cfg = _run_data(info["data"] if info.get("data") is not None else cfg.data, directory,
+                         cfg.data.get("tokenizer"), explicit_keys(overrides))
     env = pipeline.prepare_environment(model_cfg, data_cfg, cfg.get("cache_dir"))
     if info["kind"] == "finetune":
         model = pipeline.from_pretrained(directory / "model")
@@ -140,6 +159,7 @@ def evaluate(cfg, overrides: Sequence[str] | None = None) -> int:
         task = build_task("retrieval", pipeline.load_pretraining(directory), scorer="itm", **eval_options)
     data = type(task).build_data(task_cfg, env.tokenizer, env.image_source, env.world)
     check = Preflight()
+    check.check_tokenizer(env.tokenizer, env.data["tokenizer"], task, directory)
     pipeline.check_task_data(check, task.name, _without_train(data), task, splits)
     check.finish()
     batch_size = task_cfg.get("eval_batch_size", 64)

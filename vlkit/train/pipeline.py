@@ -102,15 +102,20 @@ class Environment:
 
 def prepare_environment(model_cfg: Mapping[str, Any], data_cfg: Mapping[str, Any], cache: str | None = None,
                         progress: bool = True) -> Environment:
-    """Resolve ``data_cfg`` for the family of ``model_cfg``: region families on the shapes world get
-    the shipped detector's features (extracted once, cached); pixel families get images resized to
-    the model's input size."""
-    from vlkit.data.pairs import build_image_source, build_tokenizer
+    """Resolve ``data_cfg`` for the family of ``model_cfg``: the tokenizer first (``data.tokenizer``, null: the
+    family's official one, `vlkit.data.tokenizers.family_tokenizer`; the resolved name is written back into
+    the data config), so that a missing one fails before any other work; region families on the shapes world
+    get the shipped detector's features (extracted once, cached); pixel families get images resized to the
+    model's input size."""
+    from vlkit.data.pairs import build_image_source
+    from vlkit.data.tokenizers import build_tokenizer, family_tokenizer
 
     data = plain(data_cfg)
     name, preset, overrides = split_model_config(model_cfg)
     cls = MODELS.get(name)
     config = cls.config_class.from_preset(preset, **{k: v for k, v in overrides.items()})
+    data["tokenizer"] = str(data.get("tokenizer") or family_tokenizer(cls, config))
+    tokenizer = build_tokenizer(data["tokenizer"])
     image = data.setdefault("image", {})
     world = None
     if data.get("name") == "shapes":
@@ -130,7 +135,6 @@ def prepare_environment(model_cfg: Mapping[str, Any], data_cfg: Mapping[str, Any
             image[key] = value
     elif image.get("source") != "features":
         raise ValueError(f"{name} takes region features: set data.image.source=features and data.image.path")
-    tokenizer = build_tokenizer(data.get("tokenizer", "shapes"))
     return Environment(data, world, tokenizer, build_image_source(image, world, data.get("on_error") or "raise"))
 
 
@@ -152,12 +156,16 @@ def pretraining_dataset(env: Environment):
     return env.pairs
 
 
-def save_run(directory: Path, module: torch.nn.Module, info: dict[str, Any]) -> None:
-    """Write the final model (``model/``), the whole training module's weights and ``run.json``."""
+def save_run(directory: Path, module: torch.nn.Module, info: dict[str, Any], tokenizer: Any = None) -> None:
+    """Write the final model (``model/``), the run's ``tokenizer/`` (when given), the whole training module's
+    weights and ``run.json``."""
+    from vlkit.data.tokenizers import save_tokenizer
     from vlkit.io import atomic_write_text, save_weights
 
     directory.mkdir(parents=True, exist_ok=True)
     module.model.save_pretrained(directory / "model")
+    if tokenizer is not None:
+        save_tokenizer(tokenizer, directory)
     name = TASK_WEIGHTS if info.get("kind") == "finetune" else PRETRAINING_WEIGHTS
     save_weights(module, directory / name)
     atomic_write_text(directory / RUN_INFO, json.dumps(info, indent=2, sort_keys=True, default=str))
@@ -303,6 +311,8 @@ def pretrain_model(env: Environment, model: VLModel, mix: Any, trainer_cfg: Any,
     check.check_output_dir(output_dir, _resume(trainer_cfg))
     mix = family_mix(model, mix)
     check.check_mix(model, mix, env.image_source)
+    check.check_tokenizer(env.tokenizer, env.data["tokenizer"], model)
+    check.check_masking(mix, env.tokenizer)
     dataset = pretraining_dataset(env)
     check.check_data("pre-training", dataset, model)
     check.finish(output_dir)
@@ -311,7 +321,7 @@ def pretrain_model(env: Environment, model: VLModel, mix: Any, trainer_cfg: Any,
     result = _fit(pre, dataset, dataset.collator(), trainer_cfg, output_dir, seed, seen,
                   getattr(dataset, "lengths", None), data_source(env))
     save_run(Path(output_dir), pre, {"kind": "pretrain", "family": model.family, "objectives": mix, "seed": seed,
-                                     "data": env.data, "steps": result.step})
+                                     "data": env.data, "steps": result.step}, env.tokenizer)
     return pre, result
 
 
@@ -335,6 +345,7 @@ def finetune_task(env: Environment, model: Any, task_cfg: Mapping[str, Any], tra
     check = preflight or Preflight()
     check.check_output_dir(output_dir, _resume(trainer_cfg))
     check.check_task(cls, model)
+    check.check_tokenizer(env.tokenizer, env.data["tokenizer"], model)
     if data is None:
         data = cls.build_data(task_cfg, env.tokenizer, env.image_source, env.world)
     check_task_data(check, name, data, model, eval_splits)
@@ -354,7 +365,7 @@ def finetune_task(env: Environment, model: Any, task_cfg: Mapping[str, Any], tra
     info = {"kind": "finetune", "task": name, "family": task.model.family, "options": _jsonable(options),
             "seed": seed, "data": env.data, "task_cfg": task_cfg, "steps": result.step, "metrics": metrics,
             "pretraining": pretraining}
-    save_run(Path(output_dir), task, info)
+    save_run(Path(output_dir), task, info, env.tokenizer)
     return task, data, result, metrics
 
 

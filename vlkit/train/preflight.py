@@ -7,8 +7,10 @@ writes ``<output_dir>/preflight.json`` (what was checked, what was skipped, what
 
 Checked fully (cheap whatever the data size: metadata, indexes, configs):
 
-- the output folder: a previous run (``metrics.jsonl`` / ``checkpoints/``) without ``resume=true``, a
-  file in its place, no write permission;
+- the output folder: a previous run (a checkpoint) without ``resume=true``, a file in its place, no write
+  permission; a run that failed before its first checkpoint does not block its rerun;
+- the tokenizer against the model's word embeddings and ``init=``'s saved tokenizer; the mix's masking
+  options (known keys; the text policy against the tokenizer: ``whole_word`` needs WordPiece ``##`` tokens);
 - ``init=``: the saved model's family against an explicit ``model=``, explicit ``model.<field>`` values
   that the saved model would silently override;
 - the objective mix: unknown objectives, objectives the family cannot serve, soft labels (and their
@@ -107,21 +109,16 @@ class Preflight:
 
     # -- the output folder -------------------------------------------------------------------------
     def check_output_dir(self, output_dir: str | os.PathLike, resume: bool, key: str = "trainer.output_dir") -> None:
-        from vlkit.train import checkpoint as ckpt
-        from vlkit.train.trainer import CHECKPOINTS, METRICS_FILE
+        from vlkit.train.trainer import previous_run
 
         out = Path(output_dir)
         if out.exists() and not out.is_dir():
             self.problem(f"{key}={out} is a file, not a folder")
             return
-        if not resume:
-            previous = ([out / METRICS_FILE] if (out / METRICS_FILE).exists() else []) + \
-                [p for _, p in ckpt.list_checkpoints(out / CHECKPOINTS)]
-            if previous:
-                saved = ckpt.list_checkpoints(out / CHECKPOINTS)
-                hint = "" if saved else " (it has no checkpoint: resume=true starts it again from step 0 in place)"
-                self.problem(f"{key}={out} already holds a run ({previous[0]}){hint}; pass resume=true to continue "
-                             f"it or choose another {key}")
+        previous = None if resume else previous_run(out)
+        if previous is not None:
+            self.problem(f"{key}={out} already holds a run ({previous}); pass resume=true to continue it or choose "
+                         f"another {key}")
         parent = out
         while not parent.exists() and parent != parent.parent:
             parent = parent.parent
@@ -178,6 +175,61 @@ class Preflight:
                 elif store is not None and getattr(model.config, "v_target_size", store.num_classes) != store.num_classes:
                     self.problem(f"objective {name!r}: the feature store {store.path} has {store.num_classes} classes, "
                                  f"the model's v_target_size is {model.config.v_target_size}")
+
+    # -- the tokenizer -------------------------------------------------------------------------------
+    def check_tokenizer(self, tokenizer: Any, name: str, model: Any, run: str | os.PathLike | None = None,
+                        key: str = "data.tokenizer") -> None:
+        """``tokenizer`` (``key=name``) against the model's word embeddings: more tokens than rows is a problem (an
+        IndexError at step 1); with ``run`` (``init=`` / ``checkpoint=``), a tokenizer other than the one the
+        run saved (`vlkit.data.tokenizers.run_tokenizer`) is one too, even when it fits (silently wrong ids)."""
+        from vlkit.data.tokenizers import TokenizerError, build_tokenizer, run_tokenizer, same_vocabulary
+
+        model = _unwrap(model)
+        tokens, rows = len(tokenizer), model.vocab_size
+        saved = run_tokenizer(run) if run else None
+        hint = f"; drop {key} to use the run's own ({saved})" if saved and saved != str(name) else ""
+        if tokens > rows:
+            self.problem(f"{key}={name} has {tokens} tokens but the {model.family} model's word embeddings have "
+                         f"{rows} rows (vocab_size): ids from {rows} up would fail at step 1{hint}")
+            return
+        if not run or (saved is not None and saved == str(name)):
+            return
+        if saved is None:
+            if tokens != rows:
+                self.problem(f"{key}={name} has {tokens} tokens but the {model.family} model of {run} has {rows} "
+                             f"word embeddings and {run} saved no tokenizer: give {key} the tokenizer it was "
+                             "trained with")
+            return
+        try:
+            same = same_vocabulary(tokenizer, build_tokenizer(saved, key=f"the tokenizer of {run}"))
+        except TokenizerError:  # a recorded hub name that cannot be loaded here: the sizes decide
+            same = tokens == rows
+        if not same:
+            self.problem(f"{key}={name} ({tokens} tokens) is not the tokenizer {run} was trained with ({saved}, "
+                         f"{rows} word embeddings): its ids would mean other words{hint}")
+
+    def check_masking(self, mix: Any, tokenizer: Any) -> None:
+        """The mix's masking options: unknown keys, an unknown ``text_masking.policy``, and ``whole_word`` with a
+        tokenizer without WordPiece ``##`` tokens (its word starts come from them)."""
+        from vlkit.objectives.masking import MASKING_OPTIONS, TOKEN_POLICIES
+        from vlkit.objectives.mix import load_mix
+
+        try:
+            cfg = load_mix(mix)
+        except (KeyError, TypeError, ValueError, FileNotFoundError):
+            return  # check_mix reports an unreadable mix
+        for block, known in MASKING_OPTIONS.items():
+            unknown = sorted(set(cfg.get(block) or {}) - set(known))
+            if unknown:
+                self.problem(f"objectives: {block} has unknown option(s) {', '.join(unknown)}; it takes "
+                             f"{', '.join(known)}")
+        policy = (cfg.get("text_masking") or {}).get("policy", "bernoulli")
+        if policy not in TOKEN_POLICIES:
+            self.problem(f"objectives: text_masking.policy={policy!r} is not one of {', '.join(TOKEN_POLICIES)}")
+        elif policy == "whole_word" and not any(t.startswith("##") for t in tokenizer.get_vocab()):
+            self.problem("objectives: text_masking.policy=whole_word needs a WordPiece tokenizer (word starts from its "
+                         f"'##' continuations); the tokenizer has none ({type(tokenizer).__name__}, {len(tokenizer)} "
+                         "tokens): use policy=hf_wwm (every token a word, as HF does without '##') or bernoulli")
 
     @staticmethod
     def check_task(task_cls: Any, model: Any) -> None:

