@@ -1,0 +1,394 @@
+"""The ``vlkit`` console script: ``vlkit <command> [key=value ...]``.
+
+Each command is a Hydra app over ``conf/<command>.yaml``: the overrides are Hydra overrides
+(``model=uniter``, ``trainer.max_steps=100``, ``+extra=1``); a config group also takes a path to a YAML
+file of its format (``compare=my_runs.yaml``, ``objectives=my_mix.yaml``). Command modules are imported
+lazily so that ``vlkit --help`` stays fast.
+
+``vlkit <command> --help`` lists the command's keys (defaults and meaning) and the choices of its config
+groups (model presets, objective mixes, data sets, tasks ...). A mistake on the command line (an unknown
+key, group option or command) answers with the closest names vlkit knows ("did you mean
+model=uniter?"), exit status 2; an error in the run (bad data, a missing file, a failed preflight)
+prints one paragraph naming its culprit, exit status 1. ``VLKIT_DEBUG=1`` prints the full traceback
+instead. An error that is not a user mistake (a bug) always prints its traceback.
+
+`main(argv)` called with a list (from Python, tests) raises instead of printing; the console script
+calls `console`.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import os
+import re
+import shutil
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+from vlkit.io import config_dir
+
+CONF_DIR = config_dir()
+
+# command -> (module:function, one-line help)
+COMMANDS = {
+    "compare": ("vlkit.compare:main", "head-to-head comparison of families on identical data (the main job)"),
+    "pretrain": ("vlkit.train.commands:pretrain", "pre-train a model with an objective mix"),
+    "finetune": ("vlkit.train.commands:finetune", "fine-tune a model on a downstream task"),
+    "evaluate": ("vlkit.train.commands:evaluate", "evaluate a checkpoint on a downstream task"),
+    "extract-features": ("vlkit.features.commands:extract_features", "extract region features into an h5 store"),
+    "import-features": ("vlkit.features.commands:import_features", "import region features from TSV / npz formats"),
+    "merge-features": ("vlkit.features.shards:merge_features", "index a sharded feature store, or join its shards"),
+    "make-shapes": ("vlkit.data.shapes:make_shapes_main", "write the embedded shapes world to disk"),
+    "make-shards": ("vlkit.data.shards:make_shards_main", "write image-text pairs as Parquet shards to stream"),
+    "convert": ("vlkit.convert.commands:convert", "convert a released ViLBERT / UNITER / METER checkpoint"),
+}
+GROUPS = ("model", "objectives", "data", "task", "trainer", "compare")  # config groups of the commands
+
+
+def _file_options(overrides: list[str], search_dir: Path) -> list[str]:
+    """Turn ``group=<path.yaml>`` overrides into options of a search path: each file is copied to
+    ``search_dir/<group>/`` under a name no shipped option has, and the override names it. Other keys
+    keep their path (``vlkit convert config=uniter-base.json``)."""
+    out = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        path = Path(value)
+        if sep and key in GROUPS and path.suffix in (".yaml", ".yml") and path.is_file():
+            option = f"file_{len(out)}_{path.stem}"
+            (search_dir / key).mkdir(parents=True, exist_ok=True)
+            if key == "compare":  # a list of runs or a partial comparison merges over the default one
+                from vlkit.compare.config import comparison_file
+
+                (search_dir / key / f"{option}.yaml").write_text(comparison_file(path), encoding="utf-8")
+            else:
+                shutil.copyfile(path, search_dir / key / f"{option}.yaml")
+            override = f"{key}={option}"
+        out.append(override)
+    return out
+
+
+
+class UsageError(ValueError):
+    """A command line vlkit cannot read: an unknown command, key or group option (exit status 2)."""
+
+
+def _register() -> None:
+    from vlkit.models.base import register_hydra_configs
+    from vlkit.train import register_hydra_configs as register_trainer_configs
+
+    register_hydra_configs()
+    register_trainer_configs()
+
+
+def compose(command: str, overrides: list[str] | None = None):
+    """The composed config of ``command`` with Hydra ``overrides`` (also handy in tests). A mistake in
+    the overrides raises `UsageError` with the closest names vlkit knows."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+
+    _register()
+    overrides = list(overrides or [])
+    with tempfile.TemporaryDirectory(prefix="vlkit-conf-") as search_dir:
+        resolved = _file_options(overrides, Path(search_dir))
+        if any(Path(search_dir).iterdir()):
+            resolved.append(f"hydra.searchpath=[file://{search_dir}]")
+        failure: Exception | None = None
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=f"vlkit-{command}"):
+            try:
+                return hydra_compose(config_name=command, overrides=resolved)
+            except (MissingConfigException, OverrideParseException, ConfigCompositionException) as err:
+                failure = err
+    if isinstance(failure, MissingConfigException):
+        raise _missing_option(command, failure) from None
+    if isinstance(failure, OverrideParseException):
+        bad = re.search(r"override '([^']*)'", str(failure))
+        what = repr(bad.group(1)) if bad else "an override"
+        raise UsageError(f"vlkit {command}: cannot read {what}; settings are key=value (e.g. model=uniter "
+                         f"trainer.max_steps=100); see vlkit {command} --help") from None
+    raise _unknown_key(command, overrides, failure) from None
+
+
+def _suggest(word: str, choices: list[str], prefix: str = "", n: int = 2) -> str:
+    """``"; did you mean <prefix><closest>?"`` (up to ``n``), or ``"."`` when nothing is close."""
+    close = difflib.get_close_matches(word, choices, n=n, cutoff=0.75)
+    return f"; did you mean {' or '.join(prefix + c for c in close)}?" if close else "."
+
+
+def _missing_option(command: str, err: Any) -> UsageError:
+    """`UsageError` for ``group=option`` naming an option the group lacks."""
+    found = re.search(r"Could not find '([^']+)'", str(err))
+    missing = (getattr(err, "missing_cfg_file", None) or (found.group(1) if found else "")).strip("/")
+    group, _, option = missing.rpartition("/")
+    if not group:
+        return UsageError(f"vlkit {command}: {str(err).splitlines()[0]}")
+    options = sorted(o for o in (getattr(err, "options", None) or []) if not o.startswith("file_"))
+    extra = " or a path to a .yaml file of that format" if group in ("objectives", "compare") else ""
+    return UsageError(f"vlkit {command}: unknown {group} {option!r}{_suggest(option, options, f'{group}=')} "
+                      f"Choose {group}= from: {', '.join(options)}{extra}.")
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """``{dotted key: leaf value}`` of a plain nested dict (``hydra`` left out)."""
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if key == "hydra":
+            continue
+        if isinstance(item, dict) and item:
+            out.update(_flatten(item, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = item
+    return out
+
+
+def _keys(cfg: Any) -> list[str]:
+    """Every key of a composed config, leaves and the nodes above them (``trainer``, ``trainer.lr`` ...)."""
+    from omegaconf import OmegaConf
+
+    leaves = list(_flatten(OmegaConf.to_container(cfg, resolve=False)))
+    nodes = {leaf.rsplit(".", k)[0] for leaf in leaves for k in range(1, leaf.count(".") + 1)}
+    return sorted(set(leaves) | nodes)
+
+
+def _unknown_key(command: str, overrides: list[str], err: Exception) -> UsageError:
+    """`UsageError` for ``key=value`` naming a key the command's config lacks."""
+    found = re.search(r"Could not override '([^']+)'", str(err)) or re.search(r"Key '([^']+)'", str(err))
+    if not found:
+        return UsageError(f"vlkit {command}: {str(err).splitlines()[0]}")
+    key = found.group(1)
+    groups = [o for o in overrides if o.partition("=")[0] in GROUPS]
+    try:
+        keys = _keys(compose(command, groups))
+    except UsageError:
+        keys = []
+    suggestion = _suggest(key, keys, n=1).rstrip(".")
+    parent = key.rpartition(".")[0]
+    near = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent]
+    where = f" (keys of {parent or 'the command'}: {', '.join(near)})" if near and not suggestion else ""
+    return UsageError(f"vlkit {command}: unknown key {key!r}{suggestion}{where} (vlkit {command} --help lists every key)")
+
+
+# -- help --------------------------------------------------------------------------------------------
+_YAML_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<value>[^#]*?)\s*(#\s?(?P<comment>.*))?$")
+
+
+def _comments(path: Path, prefix: str = "") -> dict[str, str]:
+    """``{dotted key: comment}`` from the ``key: value  # comment`` lines of a YAML file."""
+    out: dict[str, str] = {}
+    if not path.is_file():
+        return out
+    stack: list[tuple[int, str]] = []
+    last = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip().startswith("#") and last and line.startswith(" " * 10):  # a comment's continuation
+            out[last] += " " + line.strip().lstrip("#").strip()
+            continue
+        m = _YAML_LINE.match(line)
+        if not m or line.strip().startswith("-"):
+            continue
+        indent = len(m.group("indent"))
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        key = ".".join([prefix.rstrip(".")] * bool(prefix) + [k for _, k in stack] + [m.group("key")])
+        stack.append((indent, m.group("key")))
+        last = None
+        if m.group("comment"):
+            out[key] = m.group("comment").strip()
+            last = key
+    return out
+
+
+def _group_options(command: str) -> dict[str, list[str]]:
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    _register()
+    cfg = compose(command, [])
+    groups = [g for g in GROUPS if g in cfg or g == "objectives"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=f"vlkit-{command}-help"):
+        loader = GlobalHydra.instance().config_loader()
+        return {g: sorted(loader.get_group_options(g)) for g in groups if loader.get_group_options(g)}
+
+
+def command_help(command: str) -> str:
+    """``vlkit <command> --help``: what the command does, its config groups' choices and its keys."""
+    from omegaconf import OmegaConf
+
+    target, summary = COMMANDS[command]
+    lines = [f"usage: vlkit {command} [key=value ...] [--cfg]", "", summary]
+    top = CONF_DIR / f"{command}.yaml"
+    examples = [ln[1:].strip() for ln in top.read_text(encoding="utf-8").splitlines()[:4] if ln.startswith("# vlkit")]
+    if examples:
+        lines += ["", "examples:"] + [f"  {e}" for e in examples]
+    options = _group_options(command)
+    if options:
+        lines += ["", "choices (group=option):"]
+        notes = {"model": "  (<family> builds its tiny preset, <family>_<preset> another)",
+                 "objectives": "  (or a path to a mix .yaml; null: the family's own mix)",
+                 "compare": "  (or a path to a comparison .yaml)"}
+        for group, names in options.items():
+            lines.append(f"  {group + '=':<12} {', '.join(names)}{notes.get(group, '')}")
+    cfg = compose(command, [])
+    comments = _comments(top)
+    defaults = OmegaConf.to_container(cfg, resolve=False)
+    for group in ("data", "task", "trainer", "compare"):
+        node = defaults.get(group)
+        choice = node.get("name") if isinstance(node, dict) else None
+        for name in (choice, "default"):
+            if name and (CONF_DIR / group / f"{name}.yaml").is_file():
+                comments = {**_comments(CONF_DIR / group / f"{name}.yaml", f"{group}."), **comments}
+                break
+    lines += ["", "keys (default; set any with key=value):"]
+    model_fields = []
+    for key, value in _flatten(defaults).items():
+        if key.startswith("model.") and key not in ("model.name", "model.preset"):
+            model_fields.append(key.split(".", 1)[1])
+            continue
+        entry = f"  {key}={_fmt(value)}"
+        comment = comments.get(key)
+        lines.append(f"{entry:<40} {comment}" if comment else entry)
+    if model_fields:
+        lines.append(f"  {'model.<field>=...':<38} any field of the family's config: {', '.join(model_fields)}")
+    lines += ["", f"Show the composed config: vlkit {command} [key=value ...] --cfg. Errors print one paragraph; "
+              "VLKIT_DEBUG=1 prints the full traceback."]
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_fmt(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{}" if not value else "{" + ", ".join(f"{k}: {_fmt(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def _usage() -> str:
+    lines = ["usage: vlkit <command> [key=value ...]", "", "commands:"]
+    lines += [f"  {name:<18} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "A command's keys and choices: vlkit <command> --help. Its composed config: vlkit <command> --cfg",
+              "Errors print one paragraph; VLKIT_DEBUG=1 prints the full traceback. vlkit --version: the version."]
+    return "\n".join(lines)
+
+
+# -- running -----------------------------------------------------------------------------------------
+def run(argv: list[str]) -> int:
+    """Run ``vlkit <argv>``; errors are raised (`console` prints them)."""
+    if argv[:1] in (["--version"], ["-V"]):
+        from vlkit import __version__
+
+        print(f"vlkit {__version__}")
+        return 0
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        if len(argv) > 1 and argv[0] == "help" and argv[1] in COMMANDS:
+            print(command_help(argv[1]))
+        else:
+            print(_usage())
+        return 0
+    command, overrides = argv[0], argv[1:]
+    if command not in COMMANDS:
+        raise UsageError(f"vlkit: unknown command {command!r}{_suggest(command, list(COMMANDS), 'vlkit ')}\n\n{_usage()}")
+    if "-h" in overrides or "--help" in overrides:
+        print(command_help(command))
+        return 0
+    show_cfg = "--cfg" in overrides
+    overrides = [o for o in overrides if o != "--cfg"]
+    flags = [o for o in overrides if o.startswith("-")]
+    if flags:
+        raise UsageError(f"vlkit {command}: unknown option {flags[0]!r}; settings are key=value, the options are "
+                         f"--help and --cfg")
+    cfg = compose(command, overrides)
+    if show_cfg:
+        from omegaconf import OmegaConf
+
+        print(OmegaConf.to_yaml(cfg))
+        return 0
+    target, _ = COMMANDS[command]
+    module, func = target.split(":")
+    fn = getattr(importlib.import_module(module), func)
+    try:
+        takes_overrides = "overrides" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        takes_overrides = False
+    result = fn(cfg, overrides=overrides) if takes_overrides else fn(cfg)
+    return result if isinstance(result, int) else 0
+
+
+def _shutdown_distributed(barrier: bool) -> None:
+    """Tear the process group down while the interpreter is alive (gloo aborts a process that exits with it)."""
+    from vlkit.train.distributed import shutdown
+
+    shutdown(barrier)
+
+
+def user_error(err: BaseException) -> bool:
+    """Whether ``err`` is a mistake in the command line, the config or the data (one paragraph) rather
+    than a bug in vlkit (a traceback)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from vlkit.validate import DataError
+
+    own = type(err).__module__.startswith("vlkit.")
+    return isinstance(err, (UsageError, DataError, ValueError, LookupError, OSError, ArithmeticError,
+                            HydraException, OmegaConfBaseException)) or (own and isinstance(err, RuntimeError))
+
+
+def describe(err: BaseException) -> str:
+    text = str(err).strip()
+    if isinstance(err, KeyError) and len(err.args) == 1 and isinstance(err.args[0], str):
+        text = err.args[0]
+    return text or type(err).__name__
+
+
+def console(argv: list[str] | None = None) -> int:
+    """What the ``vlkit`` console script runs: `run`, with errors printed for people (see the module
+    docstring). As the process's entry point it also ends a distributed process group before returning
+    (`vlkit.train.distributed.shutdown`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    name = f"vlkit {command}" if command else "vlkit"
+    debug = os.environ.get("VLKIT_DEBUG", "") not in ("", "0", "false", "no")
+    try:
+        code = run(argv)
+        _shutdown_distributed(barrier=True)
+        return code
+    except KeyboardInterrupt:
+        _shutdown_distributed(barrier=False)
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - the console reports every error, once
+        _shutdown_distributed(barrier=False)  # the other ranks may never reach a barrier
+        if debug or not user_error(err):
+            traceback.print_exc()
+            if not user_error(err):
+                print(f"{name}: this looks like a bug in vlkit ({type(err).__name__}); please report it with the "
+                      "traceback above", file=sys.stderr)
+                return 1
+        text = describe(err)
+        if isinstance(err, UsageError):
+            print(text if text.startswith("vlkit") else f"{name}: {text}", file=sys.stderr)
+            return 2
+        kind = "" if type(err).__name__ in ("DataError", "PreflightError") else f" ({type(err).__name__})"
+        print(f"{name}: error{kind}: {text}", file=sys.stderr)
+        if not debug:
+            print("(VLKIT_DEBUG=1 shows the full traceback)", file=sys.stderr)
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``vlkit`` entry point: without ``argv`` (the console script) errors are printed as `console` does;
+    with an ``argv`` list (Python callers, tests) they are raised."""
+    if argv is None:
+        return console()
+    return run(list(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

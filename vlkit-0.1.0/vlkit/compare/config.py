@@ -1,0 +1,141 @@
+"""A comparison's configuration: its runs (`RunSpec`), the resolved config (or a manifest's), each run's
+objective mix and task configs."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vlkit.train import pipeline
+
+
+@dataclass
+class RunSpec:
+    """One contestant: a model, an objective mix (None: no pre-training) and its overrides."""
+
+    name: str
+    model: dict[str, Any]
+    objectives: Any = None
+    mix: dict[str, Any] = field(default_factory=dict)  # overrides of the mix (masking, sampling ...)
+    trainer: dict[str, Any] = field(default_factory=dict)  # overrides of the pre-training trainer
+    baseline: bool = True  # also fine-tune the same model without pre-training
+    task_overrides: dict[str, Any] = field(default_factory=dict)  # task -> config overrides for this run only
+    tasks: list[str] | None = None  # a subset of the comparison's tasks for this run (None: all of them)
+    add_objectives: dict[str, Any] = field(default_factory=dict)  # compare.add_objectives, for every mix
+
+    @property
+    def family(self) -> str:
+        return self.model["name"]
+
+
+def resolve_config(cfg: Any) -> dict[str, Any]:
+    """The comparison as plain data: from ``manifest=`` when given, else the composed config."""
+    cfg = pipeline.plain(cfg)
+    if cfg.get("manifest"):
+        manifest = json.loads(Path(cfg["manifest"]).read_text())
+        resolved = manifest["config"]
+        resolved["output_dir"] = cfg.get("output_dir")
+        resolved["expected_data_hash"] = manifest["data"]["hash"]
+        return resolved
+    return cfg
+
+
+def comparison_file(path: str | Path) -> str:
+    """A comparison file of the user's (``compare=<path.yaml>``) as the text of a ``compare`` group option.
+
+    Three layouts are read: a list of runs (``- {name: ..., model: ...}``) or the ``compare:`` node alone
+    (``runs:``, ``seeds:``, ``budget:`` ... at the top), both merged over the default comparison
+    (``conf/compare/default.yaml``) unless the node names its own ``defaults:``; or a shipped preset's
+    layout (``compare:`` / ``data:`` at the top, its own ``defaults:``). Anything else raises `ValueError`
+    naming the file."""
+    import yaml
+
+    from vlkit.cli import CONF_DIR
+
+    path = Path(path)
+    try:
+        body = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ValueError(f"comparison file {path}: not valid YAML ({err})") from None
+    if isinstance(body, list):
+        body = {"defaults": ["default", "_self_"], "compare": {"runs": body}}
+    elif not isinstance(body, dict):
+        raise ValueError(f"comparison file {path}: expected a list of runs or a mapping (runs:, seeds:, budget: "
+                         f"...), found {type(body).__name__}")
+    elif not {"compare", "data"} & set(body):
+        known = set()
+        for preset in (CONF_DIR / "compare").glob("*.yaml"):
+            known |= set((yaml.safe_load(preset.read_text(encoding="utf-8")) or {}).get("compare") or {})
+        unknown = sorted(set(body) - known - {"defaults"})
+        if unknown:
+            raise ValueError(f"comparison file {path}: unknown key(s) {', '.join(map(str, unknown))}; a comparison "
+                             f"sets {', '.join(sorted(known))}")
+        body = {"defaults": body.pop("defaults", ["default", "_self_"]), "compare": body}
+    runs = (body.get("compare") or {}).get("runs") or []
+    if not isinstance(runs, list):
+        raise ValueError(f"comparison file {path}: runs must be a list of runs, found {type(runs).__name__}")
+    for i, run in enumerate(runs):
+        if not isinstance(run, dict) or not {"name", "model"} <= set(run):
+            raise ValueError(f"comparison file {path}: runs[{i}] = {run!r} needs at least 'name' and 'model' "
+                             "(e.g. {name: uniter, model: {name: uniter, preset: tiny}, objectives: uniter})")
+    return "# @package _global_\n" + yaml.safe_dump(body, sort_keys=False)
+
+
+def run_specs(compare: dict[str, Any]) -> list[RunSpec]:
+    specs = []
+    for entry in compare["runs"]:
+        entry = dict(entry)
+        if "name" not in entry or "model" not in entry:
+            raise KeyError(f"compare.runs entry {entry} needs 'name' and 'model'")
+        model = entry.pop("model")
+        model = {"name": model} if isinstance(model, str) else dict(model)
+        entry.setdefault("baseline", compare.get("baseline", True))
+        unknown = set(entry) - {"name", "objectives", "mix", "trainer", "baseline", "task_overrides", "tasks"}
+        if unknown:
+            raise KeyError(f"compare.runs[{entry['name']}]: unknown key(s) {', '.join(sorted(unknown))}")
+        extra = set(entry.get("tasks") or []) - set(compare["tasks"])
+        if extra:
+            raise KeyError(f"compare.runs[{entry['name']}]: tasks {sorted(extra)} are not among compare.tasks "
+                           f"{list(compare['tasks'])}")
+        specs.append(RunSpec(model=model, add_objectives=dict(compare.get("add_objectives") or {}), **entry))
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"compare.runs: run names must be unique, got {names}")
+    return specs
+
+
+def objective_mix(spec: RunSpec) -> dict[str, Any] | None:
+    """The run's objective mix: its preset, its ``mix:`` overrides, then the comparison's
+    ``add_objectives`` (the same extra objectives for every contestant, e.g. ``itc``)."""
+    from vlkit.objectives import load_mix
+
+    if spec.objectives is None:
+        return None
+    mix = load_mix(spec.objectives)
+    mix.update(spec.mix)
+    clash = set(spec.add_objectives) & set(mix["objectives"])
+    if clash:
+        raise KeyError(f"compare.add_objectives: {sorted(clash)} already in the mix of run {spec.name!r}")
+    mix["objectives"] = {**mix["objectives"], **spec.add_objectives}
+    return mix
+
+
+def mix_label(spec: RunSpec) -> str | None:
+    """How the results name a run's pre-training: the preset plus the comparison's added objectives."""
+    if spec.objectives is None:
+        return None
+    return "+".join([str(spec.objectives), *spec.add_objectives])
+
+
+def task_cfg(compare: dict[str, Any], name: str, spec: RunSpec | None = None) -> dict[str, Any]:
+    """The config of task ``name``: ``conf/task/<name>.yaml``, then the comparison's ``task_overrides``,
+    then the run's own ``task_overrides`` (e.g. ``{retrieval: {options: {num_negatives: 3}}}``)."""
+    from omegaconf import OmegaConf
+
+    from vlkit.cli import CONF_DIR
+
+    layers = [(compare.get("task_overrides") or {}).get(name) or {}]
+    if spec is not None:
+        layers.append((spec.task_overrides or {}).get(name) or {})
+    return pipeline.plain(OmegaConf.merge(OmegaConf.load(CONF_DIR / "task" / f"{name}.yaml"), *layers))

@@ -1,0 +1,57 @@
+"""The manifest of a comparison: what reruns it exactly (config, seeds, data hash, ids seen, feature store
+digest) and the environment it ran in (package versions, git commit)."""
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from vlkit.compare.report import dump_json
+from vlkit.io import atomic_write_text, sha256_file
+
+PACKAGES = ("torch", "torchvision", "transformers", "timm", "accelerate", "hydra-core", "datasets", "h5py", "pot",
+            "safetensors", "numpy")
+
+
+def package_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from vlkit import __version__
+
+    out = {"vlkit": __version__, "python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return out
+
+
+def git_commit() -> str | None:
+    try:
+        root = Path(__file__).resolve().parent.parent
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def write_manifest(output_dir: Path, cfg: dict[str, Any], audit: dict[str, Any], store: str | None,
+                   wall: float) -> dict[str, Any]:
+    """Write ``manifest.json``: the resolved config (``vlkit compare manifest=`` reruns it), seeds, data hash
+    and parts, ids seen, the feature store's digest, package versions, git commit, command and wall time."""
+    manifest = {
+        "config": {k: v for k, v in cfg.items() if k not in ("output_dir", "manifest", "expected_data_hash")},
+        "seeds": cfg["compare"]["seeds"],
+        "data": {"hash": audit["data_hash"], "parts": audit["data"]},
+        "ids_seen": {"pretrain": audit["pretrain_ids"], "finetune": audit["finetune_ids"]},
+        "feature_store": {"path": store, "sha256": sha256_file(store)} if store else None,
+        "packages": package_versions(),
+        "git_commit": git_commit(),
+        "command": " ".join(sys.argv),
+        "wall_s": wall,
+    }
+    atomic_write_text(output_dir / "manifest.json", dump_json(manifest))
+    return manifest

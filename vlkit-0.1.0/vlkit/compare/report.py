@@ -1,0 +1,199 @@
+"""The report of a comparison: ``results.md`` (the tables, chance levels, detectable effects and verdict
+lines), ``results.csv`` and a strict ``results.json`` (no bare NaN)."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from vlkit.compare.plots import plot_results
+from vlkit.compare.statistics import (ALPHA, COSTS, HEADLINE, chance_levels, detectable_effects, pairwise_tests,
+                                      scratch_tests, summarize)
+
+COST_LABELS = {"params": "params", "train_samples_per_s": "train samples/s", "latency_ms": "latency ms/ex",
+               "wall_s": "wall s"}
+
+
+def scale(metric: str) -> float:
+    """Fractions are shown in points; Meta-Sum is already in points."""
+    return 1.0 if metric == "meta_sum" else 100.0
+
+
+def _num(value: float, digits: int = 1) -> str:
+    return "–" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def _cell(stat: dict[str, Any] | None, factor: float = 100.0) -> str:
+    """``mean ± CI`` in points; ``–`` for a metric the row does not have."""
+    if not stat:
+        return "–"
+    mean, ci = stat["mean"] * factor, stat["ci95"] * factor
+    return _num(mean) if not math.isfinite(ci) else f"{mean:.1f} ± {ci:.1f}"
+
+
+def markdown_table(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(cells) + " |" for cells in lines]
+    return "\n".join(out)
+
+
+def results_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """One line per (run, variant): every metric as mean ± 95% CI over seeds, then the costs."""
+    lines = []
+    for row in rows:
+        cells = [row["run"], row["variant"]]
+        for c in columns:
+            if c == "params":
+                cells.append(f"{row[c]['mean'] / 1e6:.2f}M" if c in row else "–")
+            elif c in COSTS:
+                cells.append(_num(row[c]["mean"]) if c in row else "–")
+            else:
+                cells.append(_cell(row.get(c), scale(c)))
+        lines.append(cells)
+    return markdown_table(["run", "variant"] + [COST_LABELS.get(c, c) for c in columns], lines)
+
+
+def _effect(test: dict[str, Any]) -> str:
+    """``+4.3 ± 2.1 (p 0.003)*``: the paired difference in points, its 95% CI, Holm's p and a star when significant."""
+    f = scale(test["metric"])
+    ci = test["ci95"] * f
+    text = f"{test['effect'] * f:+.1f}" + (f" ± {ci:.1f}" if math.isfinite(ci) else "")
+    p = test.get("p_holm", float("nan"))
+    return text + (f" (p {p:.3f})" if math.isfinite(p) else " (p –)") + ("*" if test.get("significant") else "")
+
+
+def tests_table(tests: list[dict[str, Any]], metrics: list[str], first: str) -> str:
+    """One line per comparison, one column per metric (``no baseline`` for a run that has none)."""
+    by_row: dict[str, dict[str, Any]] = {}
+    for t in tests:
+        by_row.setdefault(t["comparison"], {})
+        if "metric" in t:
+            by_row[t["comparison"]][t["metric"]] = t
+        else:
+            by_row[t["comparison"]]["_note"] = t["kind"]
+    lines = []
+    for name, cells in by_row.items():
+        note = cells.get("_note")
+        lines.append([name] + [note if note else (_effect(cells[m]) if m in cells else "–") for m in metrics])
+    return markdown_table([first] + metrics, lines)
+
+
+def verdict_lines(scratch: list[dict[str, Any]], pairwise: list[dict[str, Any]]) -> list[str]:
+    """Plain sentences for what the tests found (Holm-corrected, p < 0.05), and which runs lack a baseline."""
+    out = []
+    for t in scratch:
+        if "metric" not in t:
+            out.append(f"- {t['comparison']}: no scratch baseline, so no claim about pre-training.")
+    for metric in dict.fromkeys(t["metric"] for t in scratch if "metric" in t):
+        tests = [t for t in scratch if t.get("metric") == metric]
+        better = [t["comparison"] for t in tests if t["significant"] and t["effect"] > 0]
+        worse = [t["comparison"] for t in tests if t["significant"] and t["effect"] < 0]
+        unclear = [t["comparison"] for t in tests if not t["significant"]]
+        parts = []
+        if better:
+            parts.append(f"pre-training beats scratch for {', '.join(better)}")
+        if worse:
+            parts.append(f"scratch beats pre-training for {', '.join(worse)}")
+        if unclear:
+            parts.append(f"no significant difference for {', '.join(unclear)}")
+        out.append(f"- `{metric}`: " + "; ".join(parts) + ".")
+    for t in pairwise:
+        if t["significant"]:
+            a, b = t["comparison"].split(" − ")
+            winner, loser = (a, b) if t["effect"] > 0 else (b, a)
+            out.append(f"- `{t['metric']}`: {winner} > {loser} by {abs(t['effect']) * scale(t['metric']):.1f} points "
+                       f"(Holm p {t['p_holm']:.3f}).")
+    return out
+
+
+def chance_note(chance: dict[str, float]) -> str:
+    if not chance:
+        return ""
+    parts = [f"{m} {c * scale(m):.1f}" for m, c in chance.items()]
+    return ("Chance or trivial-baseline level of each metric on the evaluation set (points): " + ", ".join(parts)
+            + " (VQA: the majority answer; RefExp: a random candidate box; NLVR2 / SNLI-VE: the majority label; "
+            "R@1: a random ranking; ITM accuracy: balanced matched / mismatched pairs).")
+
+
+def detectable_note(mde: dict[str, dict[str, float]], seeds: int) -> str:
+    if not mde:
+        return ""
+    parts = [f"{m} {v['mde'] * scale(m):.1f} ({v['mde_holm_strict'] * scale(m):.1f})" for m, v in mde.items()]
+    return (f"Minimum detectable effect at {seeds} seeds (points; paired t-test, alpha 0.05, power 0.8, from the pooled "
+            "SD of the pre-trained − scratch differences; in brackets at Holm's strictest level): " + ", ".join(parts) + ".")
+
+
+def clean_json(value: Any) -> Any:
+    """``value`` with every non-finite float as None, so ``json.dumps(allow_nan=False)`` accepts it."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): clean_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_json(v) for v in value]
+    if isinstance(value, (str, int, bool)) or value is None or isinstance(value, float):
+        return value
+    return str(value)
+
+
+def dump_json(value: Any) -> str:
+    return json.dumps(clean_json(value), indent=2, sort_keys=True, allow_nan=False)
+
+
+def analyse(records: list[dict[str, Any]], claims: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Everything the report shows, as data: summary rows, tests, chance levels, detectable effects, claims."""
+    from vlkit.compare.claims import evaluate_claims
+
+    rows = summarize(records)
+    metrics = [c for c in HEADLINE if any(c in r for r in rows)]
+    scratch = scratch_tests(records, metrics)
+    pairwise = pairwise_tests(records, metrics)
+    seeds = max((len(r["seeds"]) for r in rows), default=0)
+    return {"summary": rows, "metrics": metrics, "tests": {"vs_scratch": scratch, "pairwise": pairwise},
+            "chance": chance_levels(records), "detectable_effects": detectable_effects(scratch, seeds),
+            "claims": evaluate_claims(records, claims or []), "seeds": seeds}
+
+
+def write_outputs(output_dir: Path, cfg: dict[str, Any], records: list[dict[str, Any]], audit: dict[str, Any],
+                  curves: dict[str, list[dict[str, Any]]], wall: float) -> str:
+    from vlkit.compare.claims import claims_table
+    from vlkit.io import atomic_write_text
+
+    result = analyse(records, cfg["compare"].get("claims"))
+    rows, metrics = result["summary"], result["metrics"]
+    table = results_table(rows, metrics + [c for c in COSTS if any(c in r for r in rows)])
+    seeds = cfg["compare"]["seeds"]
+    notes = [f"# vlkit compare: {cfg['compare'].get('title', 'comparison')}", "",
+             f"Data: `{cfg['data'].get('name')}` (hash `{audit['data_hash'][:12]}`), seeds {seeds}, "
+             f"pre-training {cfg['compare']['budget']['pretrain_steps']} steps, wall time {wall:.0f} s.", "",
+             "Metrics in points (mean ± 95% t-interval over seeds). `itm_acc`: the pre-training ITM head on held-out "
+             "pairs; `zs_*`: zero-shot retrieval with it; `meta_sum`: UNITER's VQA + IR@1 + TR@1 + NLVR2 + RefExp "
+             "(– where a task does not apply).", chance_note(result["chance"]), "", table, ""]
+    if result["claims"]:
+        notes += ["## The papers' claims", "", "Each claim as a paired t-test over seeds (effect = first minus "
+                  f"second, in points, ± 95% CI), Holm-corrected over the claims (p < {ALPHA}).", "",
+                  claims_table(result["claims"]), ""]
+    notes += ["## Pre-training vs scratch", "",
+              f"The same model fine-tuned after pre-training minus without it, paired by seed; `*`: Holm-corrected "
+              f"p < {ALPHA} over this table.", "", tests_table(result["tests"]["vs_scratch"], metrics, "run"), "",
+              detectable_note(result["detectable_effects"], result["seeds"]), ""]
+    if result["tests"]["pairwise"]:
+        notes += ["## Contestants against each other", "",
+                  f"Every pair of pre-trained runs (first minus second), paired by seed; `*`: Holm-corrected p < {ALPHA} "
+                  "over this table.", "", tests_table(result["tests"]["pairwise"], metrics, "pair"), ""]
+    notes += ["## Verdicts", "", *verdict_lines(result["tests"]["vs_scratch"], result["tests"]["pairwise"]),
+              *[f"- Claim: {c['claim']}: **{c['verdict']}**" for c in result["claims"]], "",
+              "Every metric of every run and seed: `results.csv` / `results.json`; plots: `metrics.png`, "
+              "`loss_curves.png`, `wra_plan.png`.", ""]
+    atomic_write_text(output_dir / "results.md", "\n".join(notes))
+    atomic_write_text(output_dir / "results.json", dump_json({"records": records, **result}))
+    keys = sorted({k for r in records for k in r})
+    with open(output_dir / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        for r in records:
+            writer.writerow({k: json.dumps(clean_json(v)) if isinstance(v, (dict, list)) else v for k, v in r.items()})
+    plot_results(output_dir, rows, metrics, curves, result["chance"])
+    return "\n\n".join(p for p in (table, claims_table(result["claims"]) if result["claims"] else "") if p)

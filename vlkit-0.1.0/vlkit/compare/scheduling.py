@@ -1,0 +1,409 @@
+"""Running a comparison: units of work (one pre-training, or one fine-tuning of one variant on one task),
+scheduled over worker processes, and the records they make."""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from vlkit.compare.config import RunSpec, mix_label, objective_mix, run_specs, task_cfg
+from vlkit.compare.statistics import HEADLINE
+from vlkit.train import pipeline
+
+TEXT_SIDE = ("id", "input_ids", "attention_mask", "targets")  # the keys of an example that are not its image
+
+
+def digest(items: Iterable[Any]) -> str:
+    h = hashlib.sha256()
+    for item in items:
+        h.update(json.dumps(item, sort_keys=True, default=str).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def _parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def inference_latency(model: Any, dataset: Any, n: int = 64, batch_size: int = 32) -> float:
+    """Milliseconds per example of a forward pass over ``n`` examples of ``dataset`` in eval mode."""
+    collate = dataset.collator()
+    examples = [dataset[i] for i in range(min(n, len(dataset)))]
+    batches = [collate(examples[i:i + batch_size]) for i in range(0, len(examples), batch_size)]
+    was_training = model.training
+    model.eval()
+    model(batches[0])  # warm-up
+    start = time.perf_counter()
+    for batch in batches:
+        model(batch)
+    model.train(was_training)
+    return 1000 * (time.perf_counter() - start) / len(examples)
+
+
+@torch.no_grad()
+def itm_accuracy(pre: Any, pairs: Any, limit: int = 2000, batch_size: int = 128, seed: int = 0) -> float:
+    """Held-out image-text matching accuracy of a pre-training's ITM head: each of the first ``limit``
+    captions of ``pairs`` with its own image and with the image of another caption (a seeded draw among
+    the other images), so chance is 0.5; P(matched) > 0.5 counts as "matched"."""
+    itm = pre.objectives["itm"]
+    n = min(limit, len(pairs))
+    generator = torch.Generator().manual_seed(seed)
+    image_of = [str(i) for i in pairs.data["image_id"]]
+    if len(set(image_of)) < 2:
+        raise ValueError("itm_accuracy: the held-out pairs show a single image; negatives need two")
+    negatives = []
+    for i in range(n):
+        j = int(torch.randint(len(pairs), (1,), generator=generator))
+        while image_of[j] == image_of[i]:
+            j = int(torch.randint(len(pairs), (1,), generator=generator))
+        negatives.append(j)
+    collate = pairs.collator()
+    was_training = pre.training
+    pre.eval()
+    correct = 0
+    try:
+        for start in range(0, n, batch_size):
+            rows = range(start, min(n, start + batch_size))
+            positive = [pairs[i] for i in rows]
+            negative = [{**{k: v for k, v in pairs[j].items() if k not in TEXT_SIDE},
+                         **{k: v for k, v in ex.items() if k in TEXT_SIDE}} for ex, j in zip(positive, negatives[start:])]
+            for examples, matched in ((positive, True), (negative, False)):
+                score = itm.match_score(pre.model(collate(examples).to(pre.model.device), pooled_only=True))
+                correct += int(((score > 0.5) == matched).sum())
+    finally:
+        pre.train(was_training)
+    return correct / (2 * n)
+
+
+class Comparison:
+    """Runs a resolved comparison config into ``output_dir``: every run is pre-trained on the same
+    examples in the same order with the same seeds and step budget, then fine-tuned and evaluated on
+    the same tasks, next to a no-pre-training baseline of the same model."""
+
+    def __init__(self, cfg: dict[str, Any], output_dir: Path, progress: bool = True):
+        self.cfg = cfg
+        self.compare = cfg["compare"]
+        self.output_dir = output_dir
+        self.progress = progress
+        self.specs = run_specs(self.compare)
+        self.records: list[dict[str, Any]] = []
+        self.audit: dict[str, Any] = {"pretrain_ids": {}, "finetune_ids": {}, "data": {}}
+        self.curves: dict[str, list[dict[str, Any]]] = {}
+        self._environments: dict[str, pipeline.Environment] = {}
+        self._eval_pairs: dict[str, Any] = {}
+        self._task_data: dict[str, Any] = {}
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def say(self, message: str) -> None:
+        if self.progress:
+            print(f"[compare {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+    def environment(self, spec: RunSpec) -> pipeline.Environment:
+        from vlkit.registry import MODELS
+
+        key = MODELS.get(spec.family).image_input + json.dumps(spec.model, sort_keys=True)
+        if key not in self._environments:
+            self._environments[key] = pipeline.prepare_environment(spec.model, self.cfg["data"], self.cfg.get("cache_dir"),
+                                                                   progress=self.progress)
+        return self._environments[key]
+
+    def trainer_cfg(self, stage: str, steps: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        base = dict(self.compare["trainer"]["common"])
+        base.update(self.compare["trainer"].get(stage) or {})
+        base.update(extra or {})
+        base.update(max_steps=steps, progress=False, save_every=0, keep_checkpoints=1)
+        return base
+
+    def task_cfg(self, name: str, spec: RunSpec | None = None) -> dict[str, Any]:
+        return task_cfg(self.compare, name, spec)
+
+    def tasks_for(self, spec: RunSpec) -> list[str]:
+        """The comparison's tasks that the run's model can serve (a task refuses a model kind with
+        `IncompatibleTask`, e.g. refexp a pixel model without region proposals)."""
+        from vlkit.registry import MODELS, TASKS
+        from vlkit.tasks.base import IncompatibleTask
+
+        tasks = []
+        for name in spec.tasks or self.compare["tasks"]:
+            try:
+                TASKS.get(name).check(MODELS.get(spec.family))
+            except IncompatibleTask:
+                continue
+            tasks.append(name)
+        return tasks
+
+    # -- units of work -----------------------------------------------------------------------------
+    def variants(self, spec: RunSpec) -> list[str]:
+        out = ["pretrained"] if spec.objectives is not None else []
+        return out + (["scratch"] if spec.baseline or spec.objectives is None else [])
+
+    def pretrain_units(self) -> list[tuple[int, int]]:
+        """(run index, seed) of every pre-training."""
+        return [(i, seed) for seed in self.compare["seeds"] for i, s in enumerate(self.specs) if s.objectives is not None]
+
+    def finetune_units(self, index: int, seed: int, variant: str) -> list[tuple[int, int, str, str]]:
+        return [(index, seed, variant, task) for task in self.tasks_for(self.specs[index])]
+
+    def all_units(self) -> list[tuple]:
+        """Every unit of the comparison: pre-trainings, their fine-tunings, the scratch baselines."""
+        pretrain = self.pretrain_units()
+        return pretrain + [u for i, seed in pretrain for u in self.finetune_units(i, seed, "pretrained")] + \
+            [u for seed in self.compare["seeds"] for i, spec in enumerate(self.specs)
+             if "scratch" in self.variants(spec) for u in self.finetune_units(i, seed, "scratch")]
+
+    def run(self, workers: int = 1, threads: int = 1) -> list[dict[str, Any]]:
+        """Run every unit (a pre-training, or one fine-tuning of one variant on one task) in ``workers``
+        processes of ``threads`` torch threads. Every unit seeds itself and a fine-tuning starts from
+        the pre-training saved on disk, so the numbers do not depend on how units are scheduled. Only
+        this process prints: one line per finished unit with the count, elapsed time and an ETA."""
+        previous = torch.get_num_threads()
+        torch.set_num_threads(workers * threads)  # no worker runs yet: the feature extraction takes their cores
+        try:
+            for spec in self.specs:  # extract shared features once, before any worker starts
+                self.environment(spec)
+        finally:
+            torch.set_num_threads(previous)
+        units = self.all_units()
+        pretrain = [u for u in units if len(u) == 2]
+        scratch = [u for u in units if len(u) == 4 and u[2] == "scratch"]
+        budget = self.compare["budget"]
+        progress = _Progress(units, workers, self.say, lambda i: self.specs[i].name,
+                             lambda u: budget["pretrain_steps"] if len(u) == 2 else budget["finetune_steps"][u[3]])
+        if workers <= 1:
+            done = {}
+            for u in [u for u in units if len(u) == 2] + [u for u in units if len(u) == 4]:
+                done[u] = self.run_unit(u)
+                progress.finished(u, done[u])
+        else:
+            done = self._run_pool(pretrain, scratch, workers, threads, progress)
+        self._collect(done)
+        return self.records
+
+    def _run_pool(self, pretrain, scratch, workers: int, threads: int, progress: "_Progress") -> dict[tuple, dict[str, Any]]:
+        """Pre-trainings first, baselines behind them; a pre-training's fine-tunings are queued as soon
+        as it finishes, so no worker waits for a phase to end."""
+        import multiprocessing
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+        context = multiprocessing.get_context("spawn")
+        done: dict[tuple, dict[str, Any]] = {}
+        with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
+                                 initargs=(self.cfg, self.output_dir, threads)) as pool:
+            pending = {pool.submit(_unit_in_worker, u): u for u in pretrain + scratch}
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    unit = pending.pop(future)
+                    done[unit] = future.result()
+                    progress.finished(unit, done[unit])
+                    if len(unit) == 2:
+                        pending.update({pool.submit(_unit_in_worker, u): u
+                                        for u in self.finetune_units(*unit, "pretrained")})
+        return done
+
+    def run_unit(self, unit: tuple) -> dict[str, Any]:
+        return self.pretrain_unit(*unit) if len(unit) == 2 else self.finetune_unit(*unit)
+
+    def _pretrain_dir(self, spec: RunSpec, seed: int) -> Path:
+        return self.output_dir / "runs" / spec.name / f"seed{seed}" / "pretrain"
+
+    def pretrain_unit(self, index: int, seed: int) -> dict[str, Any]:
+        """Pre-train run ``index`` at ``seed`` (saved for its fine-tunings), then score zero-shot retrieval."""
+        from accelerate.utils import set_seed
+
+        spec = self.specs[index]
+        env = self.environment(spec)
+        steps = self.compare["budget"]["pretrain_steps"]
+        set_seed(seed)
+        model = pipeline.build_run_model(env, spec.model)
+        seen: list[str] = []
+        start = time.perf_counter()
+        pre, result = pipeline.pretrain_model(env, model, objective_mix(spec), self.trainer_cfg("pretrain", steps, spec.trainer),
+                                              self._pretrain_dir(spec, seed), seed, seen)
+        wall = time.perf_counter() - start
+        dataset = pipeline.pretraining_dataset(env)
+        out = {"ids": digest(seen), "curve": result.history,
+               "data": {"pretrain": digest((r["id"], r["image_id"], r["caption"]) for r in dataset.data)},
+               "stats": {"pretrain_wall_s": wall, "train_samples_per_s": len(seen) / wall if wall else float("nan"),
+                         "pretrain_final_loss": result.history[-1]["loss"] if result.history else float("nan")},
+               "metrics": {}}
+        if "itm" in pre.objectives:
+            pairs = self.eval_pairs(spec)
+            out["metrics"].update(itm_acc=itm_accuracy(pre, pairs, self.compare.get("itm_pairs", 2000), seed=0),
+                                  itm_acc_chance=0.5)
+        if "retrieval" in self.compare["tasks"] and self.compare.get("zero_shot", True) and "itm" in pre.objectives:
+            out["metrics"].update(self._zero_shot(env, pre, spec))
+        out["wall_s"] = time.perf_counter() - start
+        out["stats"]["pretrain_eval_wall_s"] = out["wall_s"] - wall  # held-out ITM and zero-shot retrieval
+        return out
+
+    def eval_pairs(self, spec: RunSpec) -> Any:
+        """The image-text pairs of the evaluation split (held-out ITM accuracy), built once per environment."""
+        env = self.environment(spec)
+        key = json.dumps(env.data, sort_keys=True, default=str)
+        if key not in self._eval_pairs:
+            from vlkit.registry import DATASETS
+
+            self._eval_pairs[key] = DATASETS.get(env.data["name"])({**env.data, "split": self.compare.get("eval_split", "val")})
+        return self._eval_pairs[key]
+
+    def task_data(self, env: pipeline.Environment, task_cfg: dict[str, Any]) -> Any:
+        """A task's data on ``env``, built once per process and shared by its fine-tunings (read-only: every
+        random choice comes from the unit's seed)."""
+        from vlkit.registry import TASKS
+
+        key = json.dumps([id(env), task_cfg], sort_keys=True, default=str)
+        if key not in self._task_data:
+            self._task_data[key] = TASKS.get(task_cfg["name"]).build_data(task_cfg, env.tokenizer, env.image_source,
+                                                                           env.world)
+        return self._task_data[key]
+
+    def finetune_unit(self, index: int, seed: int, variant: str, task: str) -> dict[str, Any]:
+        """Fine-tune the pre-trained (``variant="pretrained"``) or freshly initialised model on ``task``."""
+        from accelerate.utils import set_seed
+
+        spec = self.specs[index]
+        env = self.environment(spec)
+        steps = self.compare["budget"]["finetune_steps"][task]
+        set_seed(seed)
+        model = (pipeline.load_pretraining(self._pretrain_dir(spec, seed)) if variant == "pretrained"
+                 else pipeline.build_run_model(env, spec.model))
+        out_dir = self.output_dir / "runs" / spec.name / f"seed{seed}" / f"{variant}-{task}"
+        seen: list[str] = []
+        start = time.perf_counter()
+        task_cfg = self.task_cfg(task, spec)
+        module, data, _, raw = pipeline.finetune_task(env, model, task_cfg,
+                                                      self.trainer_cfg("finetune", steps,
+                                                                       (self.compare["trainer"].get("tasks") or {}).get(task)),
+                                                      out_dir, seed, (self.compare.get("eval_split", "val"),), seen,
+                                                      data=self.task_data(env, task_cfg))
+        metrics = {_metric_name(task, k.split("/", 1)[1]): v for k, v in raw.items()}
+        out = {"wall_s": time.perf_counter() - start, "task": task, "metrics": metrics, "params": _parameters(module.model),
+               "finetune_ids": {str(out_dir.relative_to(self.output_dir)): digest(seen)},
+               "data": {task: digest(_dataset_keys(data.train))}}
+        if task == "vqa":
+            out["latency_ms"] = inference_latency(module.model, data.train)
+        out["shown"] = ", ".join(f"{k} {100 * v:.1f}" for k, v in metrics.items() if k in HEADLINE)
+        return out
+
+    def _collect(self, done: dict[tuple, dict[str, Any]]) -> None:
+        """One record per (run, variant, seed) from the units' results, in report order."""
+        for seed in self.compare["seeds"]:
+            for i, spec in enumerate(self.specs):
+                for variant in self.variants(spec):
+                    pre = done.get((i, seed)) if variant == "pretrained" else None
+                    record: dict[str, Any] = {
+                        "run": spec.name, "variant": variant, "family": spec.family,
+                        "preset": spec.model.get("preset"), "objectives": mix_label(spec) if pre else None,
+                        "mix": spec.mix if pre else None, "seed": seed, **(pre["stats"] if pre else {})}
+                    parts = ([pre] if pre else []) + [done[u] for u in self.finetune_units(i, seed, variant)]
+                    if pre:
+                        self.audit["pretrain_ids"][f"{spec.name}/seed{seed}"] = pre["ids"]
+                        self.curves[f"{spec.name}/seed{seed}"] = pre["curve"]
+                    for part in parts:
+                        record.update(part["metrics"])
+                        self.audit["data"].update(part["data"])
+                        self.audit["finetune_ids"].update(part.get("finetune_ids", {}))
+                        for key in ("params", "latency_ms"):
+                            if key in part:
+                                record[key] = part[key]
+                    record.update({f"{p['task']}_wall_s": p["wall_s"] for p in parts if "task" in p})
+                    record["wall_s"] = sum(p["wall_s"] for p in parts)
+                    record["meta_sum"] = _meta_sum(record)
+                    self.records.append(record)
+
+    def _zero_shot(self, env, pre: Any, spec: RunSpec) -> dict[str, float]:
+        from vlkit.tasks import build_task
+
+        task_cfg = self.task_cfg("retrieval", spec)
+        data = self.task_data(env, task_cfg)
+        options = {k: v for k, v in (task_cfg.get("options") or {}).items() if k in ("eval_mode", "rerank_k", "prerank_ridge")}
+        task = build_task("retrieval", pre, scorer="itm", **options, **data.options)
+        raw = task.evaluate(data.eval[self.compare.get("eval_split", "val")], batch_size=task_cfg.get("eval_batch_size", 64))
+        return {f"zs_{k}": float(v) for k, v in raw.items()}
+
+
+_WORKER: Comparison | None = None  # the comparison a worker process serves (its environments cached)
+
+
+def _init_worker(cfg: dict[str, Any], output_dir: Path, threads: int) -> None:
+    """A worker process: ``threads`` torch threads, silent (the parent prints progress, so lines never mix)."""
+    global _WORKER
+    torch.set_num_threads(threads)
+    _WORKER = Comparison(cfg, output_dir, progress=False)
+
+
+def _unit_in_worker(unit: tuple) -> dict[str, Any]:
+    assert _WORKER is not None, "_init_worker did not run"
+    return _WORKER.run_unit(unit)
+
+
+def _dataset_keys(dataset: Any) -> Iterable[Any]:
+    data = getattr(dataset, "data", None)
+    if data is not None and hasattr(data, "column_names"):
+        columns = [c for c in ("id", "image_id") if c in data.column_names]
+        return zip(*(data[c] for c in columns))
+    return (str(i) for i in range(len(dataset)))
+
+
+def _metric_name(task: str, key: str) -> str:
+    """Task metrics as record keys: the task's own name for its main metric (``vqa``, ``refexp``,
+    ``nlvr2``), retrieval's ``ir_r1`` ..., anything else prefixed with the task."""
+    return key if task == "retrieval" or key == task or key.startswith(f"{task}_") else f"{task}_{key}"
+
+
+def _meta_sum(metrics: dict[str, float]) -> float:
+    """UNITER's Meta-Sum (VQA + IR R@1 + TR R@1 + NLVR2 + RefExp, in points); NaN when one is missing."""
+    keys = ("vqa", "ir_r1", "tr_r1", "nlvr2", "refexp")
+    if not all(k in metrics for k in keys):
+        return float("nan")
+    return 100 * sum(metrics[k] for k in keys)
+
+
+class _Progress:
+    """Units done of the total, elapsed time and an ETA: each remaining unit costs its step count times the
+    seconds per step of finished units of its kind (pre-training of a run, fine-tuning of a task), else of
+    its stage, else of any unit; spread over the workers."""
+
+    def __init__(self, units: list[tuple], workers: int, say: Any, run_name: Any, steps: Any):
+        self.remaining = list(units)
+        self.total, self.workers, self.say, self.run_name, self.steps = len(units), max(1, workers), say, run_name, steps
+        self.start = time.perf_counter()
+        self.per_step: dict[Any, list[float]] = {}
+
+    @staticmethod
+    def kinds(unit: tuple) -> tuple[Any, ...]:
+        """The unit's kind, its stage, and everything: from the most to the least specific."""
+        return (("pretrain", unit[0]), "pretrain", "all") if len(unit) == 2 else \
+            (("finetune", unit[0], unit[3]), "finetune", "all")
+
+    def estimate(self, unit: tuple) -> float:
+        for kind in self.kinds(unit):
+            if kind in self.per_step:
+                return self.steps(unit) * sum(self.per_step[kind]) / len(self.per_step[kind])
+        return 0.0
+
+    def finished(self, unit: tuple, result: dict[str, Any]) -> None:
+        seconds = result["wall_s"]
+        self.remaining.remove(unit)
+        for kind in self.kinds(unit):
+            self.per_step.setdefault(kind, []).append(seconds / max(1, self.steps(unit)))
+        done = self.total - len(self.remaining)
+        elapsed = time.perf_counter() - self.start
+        eta = sum(self.estimate(u) for u in self.remaining) / self.workers
+        name = self.run_name(unit[0])
+        what = f"{name}/seed{unit[1]} pre-training" if len(unit) == 2 else f"{name}/seed{unit[1]} {unit[2]} {unit[3]}"
+        shown = result.get("shown") or ", ".join(f"{k} {100 * v:.1f}" for k, v in result.get("metrics", {}).items()
+                                                 if k in HEADLINE)
+        self.say(f"{done}/{self.total} units done; {what} {seconds:.0f} s" + (f" ({shown})" if shown else "")
+                 + f"; elapsed {_clock(elapsed)}" + (f", ETA {_clock(eta)}" if self.remaining else ""))
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{secs:02d}s"

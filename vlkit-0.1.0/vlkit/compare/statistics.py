@@ -1,0 +1,205 @@
+"""Statistics over seeds: means with t confidence intervals, paired t-tests (pre-trained vs scratch, and
+every pair of contestants), Holm's correction over a table, and the minimum detectable effect."""
+from __future__ import annotations
+
+import math
+from itertools import combinations
+from typing import Any, Sequence
+
+# Metrics the tables show first, in this order (anything else follows alphabetically).
+HEADLINE = ("itm_acc", "vqa", "ir_r1", "tr_r1", "zs_ir_r1", "zs_tr_r1", "refexp", "nlvr2", "snli_ve", "meta_sum")
+COSTS = ("params", "train_samples_per_s", "latency_ms", "wall_s")
+# record keys holding a metric's chance / trivial-baseline level on the evaluation set: metric -> key
+CHANCE_KEYS = {"vqa": "vqa_majority_baseline", "refexp": "refexp_random_box", "nlvr2": "nlvr2_majority_baseline",
+               "snli_ve": "snli_ve_majority_baseline", "ir_r1": "ir_r1_chance", "tr_r1": "tr_r1_chance",
+               "zs_ir_r1": "zs_ir_r1_chance", "zs_tr_r1": "zs_tr_r1_chance", "itm_acc": "itm_acc_chance"}
+BOOKKEEPING = {"seed", "refexp_upper_bound", *COSTS, *CHANCE_KEYS.values()}
+
+
+def is_bookkeeping(key: str) -> bool:
+    """A record key that is no metric: seeds, costs, chance levels, per-stage wall times (``*_wall_s``)."""
+    return key in BOOKKEEPING or key.endswith("_wall_s")
+ALPHA = 0.05
+POWER = 0.8
+
+
+def _finite(values: Sequence[Any]) -> list[float]:
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+
+
+def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Mean and the half-width of its t-distribution confidence interval (NaN for a single value)."""
+    from scipy import stats
+
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, float("nan")
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, float(stats.t.ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n))
+
+
+def paired_p_value(a: Sequence[float], b: Sequence[float]) -> float:
+    """Two-sided paired t-test over seeds; NaN (not significant) when it cannot be computed: fewer than
+    two seeds, or differences without spread, rounding aside (the t statistic is undefined, not infinitely sure)."""
+    from scipy import stats
+
+    if len(a) != len(b) or len(a) < 2:
+        return float("nan")
+    diffs = [x - y for x, y in zip(a, b)]
+    if all(math.isclose(d, diffs[0], rel_tol=1e-9, abs_tol=1e-12) for d in diffs):  # equal up to rounding
+        return float("nan")
+    return float(stats.ttest_rel(a, b).pvalue)
+
+
+def paired_test(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
+    """``a - b`` paired by seed: mean difference, its 95% CI half-width, SD of the differences, p-value."""
+    diffs = [x - y for x, y in zip(a, b)]
+    effect, ci = mean_ci(diffs)
+    sd = math.sqrt(sum((d - effect) ** 2 for d in diffs) / (len(diffs) - 1)) if len(diffs) > 1 else float("nan")
+    return {"effect": effect, "ci95": ci, "sd": sd, "n": len(diffs), "p": paired_p_value(a, b)}
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (step-down, monotone, capped at 1); NaN (a test that could not
+    be computed) stays NaN and does not count towards the number of tests."""
+    order = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
+    m = len(order)
+    adjusted = [float("nan")] * len(p_values)
+    running = 0.0
+    for rank, (p, i) in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[i] = running
+    return adjusted
+
+
+def min_detectable_effect(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """The smallest true mean difference a two-sided paired t-test over ``n`` seeds detects with probability
+    ``power`` at level ``alpha``, when the differences have standard deviation ``sd`` (noncentral t)."""
+    from scipy import optimize, stats
+
+    if n < 2 or not math.isfinite(sd) or sd <= 0:
+        return float("nan")
+    df, crit = n - 1, stats.t.ppf(1 - alpha / 2, n - 1)
+
+    def shortfall(effect: float) -> float:
+        nc = effect * math.sqrt(n) / sd
+        reach = stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc)
+        return reach - power if math.isfinite(reach) else 1.0 - power  # scipy gives NaN where the power is ~1
+
+    high = sd
+    while shortfall(high) < 0:
+        high *= 2
+    return float(optimize.brentq(shortfall, 0.0, high))
+
+
+def metric_columns(records: list[dict[str, Any]]) -> list[str]:
+    """Every numeric field of the records but bookkeeping and chance levels, headline metrics first."""
+    numeric = {k for r in records for k, v in r.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool) and not is_bookkeeping(k)}
+    head = [k for k in HEADLINE if k in numeric]
+    return head + sorted(numeric - set(head))
+
+
+def _groups(records: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["run"], r["variant"]), []).append(r)
+    return {k: sorted(v, key=lambda r: r["seed"]) for k, v in groups.items()}
+
+
+def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (run, variant): mean, 95% CI and n of every metric and cost (absent metrics are left out)."""
+    rows = []
+    columns = metric_columns(records) + list(COSTS)
+    for (run, variant), group in _groups(records).items():
+        row: dict[str, Any] = {"run": run, "variant": variant, "family": group[0]["family"],
+                               "preset": group[0]["preset"], "objectives": group[0]["objectives"],
+                               "seeds": [r["seed"] for r in group]}
+        for col in columns:
+            values = _finite([r.get(col) for r in group])
+            if values:
+                mean, ci = mean_ci(values)
+                row[col] = {"mean": mean, "ci95": ci, "n": len(values)}
+        rows.append(row)
+    return rows
+
+
+def _paired(a: list[dict[str, Any]], b: list[dict[str, Any]], metric: str) -> tuple[list[float], list[float]]:
+    """Values of ``metric`` in the seeds both groups have, in seed order."""
+    va = {r["seed"]: r.get(metric) for r in a}
+    vb = {r["seed"]: r.get(metric) for r in b}
+    seeds = [s for s in sorted(va) if s in vb and _finite([va[s]]) and _finite([vb[s]])]
+    return [float(va[s]) for s in seeds], [float(vb[s]) for s in seeds]
+
+
+def _tests(pairs: list[tuple[str, str, list[dict], list[dict]]], metrics: Sequence[str]) -> list[dict[str, Any]]:
+    """Paired tests ``a - b`` for each (label, note, a, b) and metric, Holm-corrected over all of them."""
+    out = []
+    for label, kind, a, b in pairs:
+        for metric in metrics:
+            xa, xb = _paired(a, b, metric)
+            if not xa:
+                continue
+            out.append({"comparison": label, "kind": kind, "metric": metric, **paired_test(xa, xb)})
+    for t, p in zip(out, holm([t["p"] for t in out])):
+        t["p_holm"] = p
+        t["significant"] = bool(p < ALPHA)
+    return out
+
+
+def scratch_tests(records: list[dict[str, Any]], metrics: Sequence[str]) -> list[dict[str, Any]]:
+    """Pre-trained minus scratch of the same run, paired by seed, Holm over the table; a pre-trained run
+    without a scratch baseline gets one ``no baseline`` entry."""
+    groups = _groups(records)
+    pairs, missing = [], []
+    for (run, variant), group in groups.items():
+        if variant != "pretrained":
+            continue
+        if (run, "scratch") in groups:
+            pairs.append((run, "vs scratch", group, groups[(run, "scratch")]))
+        else:
+            missing.append({"comparison": run, "kind": "no baseline"})
+    return _tests(pairs, metrics) + missing
+
+
+def pairwise_tests(records: list[dict[str, Any]], metrics: Sequence[str], variant: str = "pretrained"
+                   ) -> list[dict[str, Any]]:
+    """Every pair of runs of ``variant`` (``a - b``, paired by seed), Holm over the table."""
+    groups = {run: g for (run, v), g in _groups(records).items() if v == variant}
+    pairs = [(f"{a} − {b}", variant, groups[a], groups[b]) for a, b in combinations(groups, 2)]
+    return _tests(pairs, metrics)
+
+
+def detectable_effects(tests: list[dict[str, Any]], n: int) -> dict[str, dict[str, float]]:
+    """Per metric: the pooled SD of the tests' paired differences and the minimum detectable effect at
+    ``n`` seeds (alpha 0.05, power 0.8), also at Holm's strictest level (alpha / number of tests)."""
+    m = sum(1 for t in tests if "p" in t and not math.isnan(t["p"]))
+    out: dict[str, dict[str, float]] = {}
+    for metric in dict.fromkeys(t["metric"] for t in tests if "metric" in t):
+        sds = [t["sd"] for t in tests if t.get("metric") == metric and math.isfinite(t.get("sd", float("nan")))]
+        if not sds:
+            continue
+        sd = math.sqrt(sum(s * s for s in sds) / len(sds))
+        out[metric] = {"sd": sd, "mde": min_detectable_effect(sd, n),
+                       "mde_holm_strict": min_detectable_effect(sd, n, ALPHA / max(m, 1))}
+    return out
+
+
+def chance_levels(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Metric -> its chance or trivial-baseline level on the evaluation set (the same for every run);
+    Meta-Sum's is the sum of its parts' (in points)."""
+    out = {}
+    for metric, key in CHANCE_KEYS.items():
+        values = _finite([r.get(key) for r in records])
+        if values:
+            out[metric] = values[0]
+    parts = ("vqa", "ir_r1", "tr_r1", "nlvr2", "refexp")
+    if all(p in out for p in parts):
+        out["meta_sum"] = 100 * sum(out[p] for p in parts)
+    return out
+
+
+__all__ = ["ALPHA", "CHANCE_KEYS", "COSTS", "HEADLINE", "chance_levels", "detectable_effects", "holm", "mean_ci",
+           "metric_columns", "min_detectable_effect", "paired_p_value", "paired_test", "pairwise_tests",
+           "scratch_tests", "summarize"]

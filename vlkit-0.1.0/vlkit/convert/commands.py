@@ -1,0 +1,49 @@
+"""`vlkit convert`: a Hydra app over ``conf/convert.yaml`` (see `vlkit.convert.from_official`)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def read_answers(path: str | Path) -> list[str]:
+    """VQA answer strings in label order from a JSON list, or a JSON / pickle ``{answer: label}`` map or
+    ``[answer, ...]`` list (the official ``ans2label`` / ``label2ans`` files; pickles through the restricted
+    unpickler)."""
+    from vlkit.convert.sources import check_released
+    from vlkit.io import safe_pickle_load
+
+    path = check_released(path, "answers file")
+    try:
+        values: Any = json.loads(path.read_text()) if path.suffix == ".json" else safe_pickle_load(path)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not a readable JSON answers file ({err})") from None
+    if isinstance(values, dict):
+        labels = sorted(values.items(), key=lambda kv: int(kv[1]))
+        if [int(v) for _, v in labels] != list(range(len(labels))):
+            raise ValueError(f"{path}: the answer -> label map does not number its answers 0..{len(labels) - 1}")
+        values = [k for k, _ in labels]
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise ValueError(f"{path}: expected a list of answer strings or an answer -> label map")
+    return values
+
+
+def convert(cfg) -> int:
+    """Convert ``src`` (family ``family``) and write the vlkit run directory ``dst``."""
+    from vlkit.convert import from_official, save_converted
+    from vlkit.train.pipeline import plain
+
+    dst = Path(cfg.dst)
+    if dst.exists() and any(dst.iterdir()) and not cfg.overwrite:
+        raise FileExistsError(f"{dst} is not empty; choose another dst= or pass overwrite=true")
+    options = dict(plain(cfg.options) or {})
+    if cfg.answers:
+        options["answers"] = read_answers(cfg.answers)
+    config = plain(cfg.config)
+    module, report = from_official(cfg.family, cfg.src, config=config, task=cfg.task, options=options,
+                                   return_report=True)
+    save_converted(module, report, dst)
+    print(report)
+    print(json.dumps({"convert": {"dst": str(dst), "family": report.family, "kind": report.kind,
+                                  "loaded": report.mapped, "unused": len(report.unused)}}, indent=2))
+    return 0

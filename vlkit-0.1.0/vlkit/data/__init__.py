@@ -1,0 +1,14 @@
+"""Data: the embedded shapes world, readers of the official formats, pair datasets, collators
+and dynamic batching. Importing this package registers the built-in datasets in `DATASETS`."""
+from vlkit.data.batching import FixedSizeBatchSampler, TokenBucketSampler, padded_units, padding_fraction
+from vlkit.data.formats import FormatError
+from vlkit.data.pairs import (FolderImages, ImageTextPairs, PixelSource, RegionSource, VLCollator,
+                              build_image_source, build_pairs, build_tokenizer)
+from vlkit.data.shapes import ShapesWorld, shapes_tokenizer, write_shapes
+from vlkit.data.stream import StreamedPairs
+
+__all__ = [
+    "FixedSizeBatchSampler", "TokenBucketSampler", "padded_units", "padding_fraction", "FormatError",
+    "FolderImages", "ImageTextPairs", "PixelSource", "RegionSource", "VLCollator", "build_image_source",
+    "build_pairs", "build_tokenizer", "ShapesWorld", "shapes_tokenizer", "write_shapes", "StreamedPairs",
+]

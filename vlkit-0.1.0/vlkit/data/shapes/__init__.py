@@ -1,0 +1,26 @@
+"""The embedded default world: procedurally generated scenes of coloured shapes with captions,
+VQA questions, referring expressions, NLVR2-style statements and SNLI-VE-style hypotheses.
+
+Everything is a pure function of ``(seed, index)``: each kind of annotation draws from its own
+``numpy.random.default_rng((seed, stream, index))`` stream, so any item can be built on its own.
+Image ids are the decimal image index (``"0"``, ``"1"``, ...), as Flickr30K ids are plain numbers;
+integer-id formats (COCO, VQA) store ``int(image_id)``.
+
+Modules: `scenes` (object vocabulary, scene generation, rendering), `language` (templates, annotations,
+the closed-vocabulary tokenizer) and `writer` (the world on disk in the official formats).
+"""
+from __future__ import annotations
+
+from vlkit.data.shapes.language import ShapesLanguage, shapes_tokenizer, shapes_vocab
+from vlkit.data.shapes.scenes import (ATTRIBUTES, COLORS, KINDS, OBJECT_CLASSES, PALETTE, SIZES, SPLITS, Scene,
+                                      ShapeObject, ShapeScenes, shape_mask)
+from vlkit.data.shapes.writer import FILES, make_shapes_main, write_shapes
+
+
+class ShapesWorld(ShapesLanguage, ShapeScenes):
+    """Deterministic scenes and annotations: everything depends only on ``(seed, index)``."""
+
+
+__all__ = ["ATTRIBUTES", "COLORS", "FILES", "KINDS", "OBJECT_CLASSES", "PALETTE", "SIZES", "SPLITS", "Scene",
+           "ShapeObject", "ShapesWorld", "make_shapes_main", "shape_mask", "shapes_tokenizer", "shapes_vocab",
+           "write_shapes"]

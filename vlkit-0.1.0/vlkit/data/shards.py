@@ -1,0 +1,176 @@
+"""Image-text pair shards: Parquet files (pyarrow) that `vlkit.data.stream.StreamedPairs` reads as a stream.
+
+A shard directory holds ``pairs-<k>.parquet`` files of ``shard_size`` rows each (the last one shorter),
+row groups of ``row_group_size`` rows, columns ``id``, ``image_id``, ``caption`` and, for pixel families,
+``image`` (the encoded image file's bytes, PNG for the shapes world), plus ``shards.json``: the format,
+the source, the columns and every shard's file name and row count, written last, so a directory without
+it is an unfinished `write_shards`. Every shard is written to a temporary file and renamed (atomic).
+
+``vlkit make-shards source=jsonl|cc|sbu|shapes out=DIR ...`` writes them from the readers of
+`vlkit.data.formats` (``images=DIR`` adds the image bytes of an image folder) or from the shapes world.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from vlkit.io import atomic_path, atomic_write_text
+
+MANIFEST = "shards.json"
+FORMAT = "vlkit-pair-shards"
+FORMAT_VERSION = 1
+
+
+class ShardError(ValueError):
+    """A pair-shard directory that cannot be read as asked (the message names the file)."""
+
+
+def _schema(with_image: bool):
+    import pyarrow as pa
+
+    fields = [("id", pa.string()), ("image_id", pa.string()), ("caption", pa.string())]
+    return pa.schema(fields + ([("image", pa.binary())] if with_image else []))
+
+
+def write_shards(records: Iterable[dict[str, Any]], out: str | os.PathLike, shard_size: int = 10000,
+                 row_group_size: int = 1000, image_bytes: Callable[[str], bytes] | None = None,
+                 source: str = "") -> Path:
+    """Write ``records`` (dicts with ``id``, ``image_id``, ``caption``) as Parquet shards in ``out``;
+    ``image_bytes(image_id)`` adds each image's encoded bytes. Records are consumed one shard at a time
+    (memory: one shard). Returns ``out``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if shard_size < 1 or row_group_size < 1:
+        raise ValueError(f"shard_size={shard_size} and row_group_size={row_group_size} must be positive")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)
+    for old in out.glob("pairs-*.parquet"):
+        old.unlink()
+    schema = _schema(image_bytes is not None)
+    shards: list[dict[str, Any]] = []
+
+    def flush(rows: list[dict[str, Any]]) -> None:
+        path = out / f"pairs-{len(shards):05d}.parquet"
+        with atomic_path(path) as tmp:
+            pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp, row_group_size=row_group_size)
+        shards.append({"file": path.name, "rows": len(rows)})
+
+    rows: list[dict[str, Any]] = []
+    for n, rec in enumerate(records):
+        try:
+            row = {"id": str(rec["id"]), "image_id": str(rec["image_id"]), "caption": str(rec["caption"])}
+        except KeyError as e:
+            raise ShardError(f"record {n} ({rec.get('id', '?')!r}) lacks {e.args[0]!r}; pair records need id, "
+                             "image_id and caption") from None
+        if image_bytes is not None:
+            row["image"] = image_bytes(row["image_id"])
+        rows.append(row)
+        if len(rows) == shard_size:
+            flush(rows)
+            rows = []
+    if rows:
+        flush(rows)
+    if not shards:
+        raise ShardError(f"{out}: no records to write")
+    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "source": source, "columns": schema.names,
+                "rows": sum(s["rows"] for s in shards), "shards": shards}
+    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1))
+    return out
+
+
+def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
+    """``shards.json`` of a shard directory, checked against its files (present, of the recorded row count)."""
+    import pyarrow.parquet as pq
+
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not path.is_file():
+        found = len(list(directory.glob("pairs-*.parquet"))) if directory.is_dir() else 0
+        raise ShardError(f"{path} is missing: {directory} is not a finished pair-shard directory "
+                         f"({found} shard files there); write it with `vlkit make-shards out={directory}`")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        if manifest.get("format") != FORMAT:
+            raise ValueError(f"format {manifest.get('format')!r}, expected {FORMAT!r}")
+        shards = manifest["shards"]
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ShardError(f"{path}: not a vlkit pair-shard manifest ({type(e).__name__}: {e})") from e
+    for shard in shards:
+        file = directory / shard["file"]
+        if not file.is_file():
+            raise ShardError(f"{file}: listed in {path} but missing")
+        rows = pq.ParquetFile(file).metadata.num_rows
+        if rows != shard["rows"]:
+            raise ShardError(f"{file}: {rows} rows, {path} says {shard['rows']}")
+    return manifest
+
+
+# --------------------------------------------------------------------------------------------- sources
+
+
+def shapes_records(world: Any, splits: Iterable[str] = ("train",)) -> Iterator[dict[str, Any]]:
+    """The shapes world's captions (5 per image) as pair records, image by image (nothing held in memory)."""
+    for split in splits:
+        for i in world.indices(split):
+            for k, caption in enumerate(world.captions(i)):
+                yield {"id": f"{i}#{k}", "image_id": world.image_id(i), "caption": caption}
+
+
+def shapes_png(world: Any) -> Callable[[str], bytes]:
+    """``image_id`` -> the PNG bytes of the shapes world's image (the last few encoded once: an image's
+    captions come one after the other)."""
+    from functools import lru_cache
+
+    return lru_cache(maxsize=8)(lambda image_id: world.png_bytes(world.index_of(image_id)))
+
+
+def _folder_bytes(folder: str | os.PathLike) -> Callable[[str], bytes]:
+    from vlkit.data.pairs import FolderImages
+
+    images = FolderImages(folder)
+    images.ids()
+
+    def read(image_id: str) -> bytes:
+        if image_id not in images._index:  # noqa: SLF001 - the folder's own index
+            raise KeyError(f"image {image_id!r} is not in {folder}")
+        return images._index[image_id].read_bytes()  # noqa: SLF001
+
+    return read
+
+
+def make_shards_main(cfg: Any) -> int:
+    """``vlkit make-shards``: see ``conf/make-shards.yaml``."""
+    from vlkit.data import formats
+
+    source = cfg.source
+    image_bytes = _folder_bytes(cfg.images) if cfg.get("images") else None
+    if source == "shapes":
+        from vlkit.data.shapes import ShapesWorld
+
+        world = ShapesWorld(seed=cfg.seed, num_images=cfg.num_images, image_size=cfg.image_size)
+        split = cfg.get("split") or "train"
+        records = shapes_records(world, [split] if isinstance(split, str) else list(split))
+        if cfg.get("pixels", True) and image_bytes is None:
+            image_bytes = shapes_png(world)
+    elif source == "jsonl":
+        records = formats.read_caption_jsonl(cfg.path)
+    elif source == "cc":
+        records = formats.read_cc_tsv(cfg.path, cfg.get("image_id") or "index",
+                                      tuple(cfg.get("columns") or ("caption", "url")))
+    elif source == "sbu":
+        records = formats.read_sbu(cfg.captions, cfg.urls, cfg.get("image_id") or "index")
+    else:
+        raise ValueError(f"unknown make-shards source={source!r}; use jsonl, cc, sbu or shapes")
+    out = write_shards(records, cfg.out, cfg.shard_size, cfg.row_group_size, image_bytes, source=source)
+    manifest = read_manifest(out)
+    print(f"{out}: {manifest['rows']} pairs in {len(manifest['shards'])} shards"
+          f"{' with image bytes' if 'image' in manifest['columns'] else ''}")
+    return 0
+
+
+__all__ = ["MANIFEST", "ShardError", "make_shards_main", "read_manifest", "shapes_png", "shapes_records",
+           "write_shards"]

@@ -1,0 +1,109 @@
+"""Entry points of ``vlkit extract-features`` and ``vlkit import-features`` (config: ``conf/``)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
+
+
+def image_files(directory: str | Path) -> list[tuple[str, Path]]:
+    """``(image_id, path)`` for the images of ``directory`` (sorted; the id is the file stem)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise NotADirectoryError(f"{directory}: images must be a directory")
+    files = sorted(p for p in directory.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise FileNotFoundError(f"{directory}: no images ({', '.join(IMAGE_SUFFIXES)})")
+    seen: dict[str, Path] = {}
+    for p in files:
+        if p.stem in seen:
+            raise ValueError(f"{directory}: {seen[p.stem].name} and {p.name} give the same image id {p.stem!r}")
+        seen[p.stem] = p
+    return list(seen.items())
+
+
+def _extraction_options(cfg: Any) -> dict[str, Any]:
+    return dict(detector=cfg["detector"], weights=cfg["weights"], batch_size=cfg["batch_size"],
+                min_boxes=cfg["min_boxes"], max_boxes=cfg["max_boxes"], conf_th=cfg["conf_th"], resume=cfg["resume"],
+                dtype=cfg["dtype"], on_error=cfg.get("on_error", "raise"))
+
+
+def extract_features(cfg: DictConfig) -> int:
+    """One process writes ``out`` (a file); ``processes=N`` (or a run under ``accelerate launch``) spreads the
+    images over the processes, each writing its shard of the sharded store ``out`` (a directory)."""
+    import os
+
+    from omegaconf import OmegaConf
+
+    processes = int(cfg.get("processes") or 1)
+    if processes < 1:
+        raise ValueError(f"processes={processes}: use a positive number of processes")
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if processes > 1 and launched:
+        raise ValueError(f"processes={processes} under a launcher that already started {os.environ['WORLD_SIZE']} "
+                         "processes: leave processes=1 (the launcher decides the number)")
+    if processes > 1 or launched:
+        plain = OmegaConf.to_container(cfg, resolve=True)
+        if launched:
+            _extract_spread(plain)
+        else:
+            import torch
+
+            from vlkit.features.distributed import launch
+
+            cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
+            launch(_extract_spread, (plain,), processes, cpu)
+        if int(os.environ.get("RANK", "0")) == 0:
+            _summary(cfg.out)
+        return 0
+    from vlkit.features.detector import extract_features as run
+    from vlkit.train.pipeline import set_threads
+
+    set_threads(cfg.get("threads"))
+    out = run(image_files(cfg.images), cfg.out, device=cfg.device, progress=cfg.progress, **_extraction_options(cfg))
+    _summary(out)
+    return 0
+
+
+def _extract_spread(cfg: dict[str, Any]) -> None:
+    """One process of a spread extraction (started by `vlkit.features.distributed.launch` or ``accelerate launch``)."""
+    from vlkit.features.distributed import distributed_extraction
+    from vlkit.train.distributed import shutdown
+    from vlkit.train.pipeline import set_threads
+
+    set_threads(cfg.get("threads"))
+    try:
+        distributed_extraction(image_files(cfg["images"]), cfg["out"], device=cfg["device"], progress=cfg["progress"],
+                               **_extraction_options(cfg))
+    except BaseException:
+        shutdown(barrier=False)
+        raise
+    shutdown()
+
+
+def import_features(cfg: DictConfig) -> int:
+    from vlkit.features.importers import import_features as run
+    from vlkit.train.pipeline import set_threads
+
+    set_threads(cfg.get("threads"))
+    out = run(cfg.src, cfg.format, cfg.out, resume=cfg.resume, dtype=cfg.dtype, image_sizes=cfg.image_sizes,
+              progress=cfg.progress, on_error=cfg.get("on_error", "raise"))
+    _summary(out)
+    return 0
+
+
+def _summary(path: str | Path) -> None:
+    from vlkit.features.store import FeatureStore, skipped_path
+
+    with FeatureStore(path) as store:
+        print(
+            f"{path}: {len(store)} images, feature_dim {store.feature_dim}, "
+            f"soft labels {'yes (%d classes)' % store.num_classes if store.has_soft_labels else 'no'}"
+        )
+    skipped = skipped_path(path)
+    if skipped.is_file():
+        count = sum(1 for line in skipped.read_text(encoding="utf-8").splitlines() if line.strip())
+        print(f"{skipped}: {count} images skipped (on_error=skip), each with its reason")

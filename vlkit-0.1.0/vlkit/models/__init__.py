@@ -1,0 +1,1 @@
+"""The model families and their shared layers. Families register themselves in `vlkit.MODELS`."""

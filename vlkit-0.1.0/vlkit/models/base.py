@@ -1,0 +1,343 @@
+"""What every family shares: the preset-aware config base, the `VLModel` base class (example
+batches, caching API, save / load with safetensors) and `build_model` / `from_pretrained`."""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from vlkit.io import WeightsMismatchError, atomic_write_text, key_difference, load_weights, save_weights
+from vlkit.registry import MODELS, UnknownNameError, did_you_mean
+from vlkit.types import Encoded, VLBatch, VLOutput
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """Base of the family configs: a dataclass whose presets are plain dicts of field values."""
+
+    family: ClassVar[str] = ""
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    default_preset: ClassVar[str] = "base"
+
+    preset: str = "base"
+
+    @classmethod
+    def from_preset(cls, preset: str | None = None, **overrides: Any) -> "ModelConfig":
+        preset = preset or cls.default_preset
+        if preset not in cls.presets:
+            raise UnknownNameError(f"unknown {cls.family} preset {preset!r}{did_you_mean(preset, cls.presets)}; "
+                                   f"presets: {', '.join(cls.presets)} (model.preset=)")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no field(s) {', '.join(unknown)}; fields: {', '.join(sorted(fields))}")
+        return cls(**{**cls.presets[preset], **overrides, "preset": preset})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class BertStreamConfig(ModelConfig):
+    """The BERT text-stream fields ViLBERT and UNITER share (names as in the official JSON configs),
+    plus the region-input sizes: ``v_feature_size`` (detector feature) and ``v_target_size``
+    (detector classes including background)."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    v_feature_size: int = 2048
+    v_target_size: int = 1601
+
+
+class VLModel(nn.Module, metaclass=abc.ABCMeta):
+    """Base class of the families: ``forward(batch) == fuse(encode_text(batch), encode_image(batch))``.
+
+    The contract the rest of vlkit reads (and a new family declares):
+
+    - ``family`` (its registry name), ``config_class`` (a `ModelConfig` dataclass with presets);
+    - ``image_input``: ``"regions"`` (detector features) or ``"pixels"``; a pixel family's config has
+      ``image_size`` and ``patch_size`` (read through the properties of the same names);
+    - ``vocab_size``, ``text_hidden_size``, ``image_hidden_size``, ``joint_size`` and
+      ``get_input_embeddings()`` (the MLM decoder ties to it when ``mlm_tied``);
+    - ``image_types``: ``encode_image(batch, image_type_id=k)`` selects the image token type, and
+      `extend_image_types` adds the type a second image takes (NLVR2);
+    - ``task_inputs``: extra forward keywords a downstream task passes (ViLBERT's task tokens);
+    - the family's recipes: ``default_mix`` (its pre-training objective mix: a preset name of
+      ``conf/objectives``, a YAML path or a mapping), ``objective_defaults`` (objective name -> option
+      defaults, as its official code sets them), ``trainer_preset`` (`TrainerConfig` fields of its
+      official optimisation, ``trainer=<family>``); its task heads are registered with
+      `vlkit.register_head`.
+    """
+
+    family: ClassVar[str] = ""
+    config_class: ClassVar[type[ModelConfig]] = ModelConfig
+    image_input: ClassVar[str] = "regions"  # or "pixels"
+    image_types: ClassVar[bool] = False  # encode_image takes image_type_id
+    mlm_tied: ClassVar[bool] = True  # the official MLM decoder is tied to the word embeddings
+    encoder_prefixes: ClassVar[tuple[str, ...]] = ()  # pre-trained unimodal towers (METER's lower lr)
+    image_offset: int = 0  # leading image states that are not inputs ([IMG], a ViT's [CLS]; VLOutput.image_offset)
+    default_mix: ClassVar[Any] = None
+    objective_defaults: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    trainer_preset: ClassVar[Mapping[str, Any]] = {}
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+
+    # -- caching API: each family implements these three ------------------------------------
+    @abc.abstractmethod
+    def encode_text(self, batch: VLBatch, **kwargs: Any) -> Encoded:
+        """The text side up to the point where the family fuses it with the image."""
+
+    @abc.abstractmethod
+    def encode_image(self, batch: VLBatch, **kwargs: Any) -> Encoded:
+        """The image side up to the point where the family fuses it with the text."""
+
+    @abc.abstractmethod
+    def fuse(self, text: Encoded, image: Encoded, pooled_only: bool = False) -> VLOutput:
+        """Cross-modal layers and poolers over cached unimodal encodings.
+
+        ``pooled_only=True`` computes the last layer of each stream only at the positions its pooler
+        reads (same ``joint`` / poolers; ``text_states`` / ``image_states`` then hold those positions).
+
+        A family may also take ``keep_rows=(text [B, T], image [B, K])``: bool masks of the token / region
+        (patch) positions whose final states the caller reads (None: every position of that side); the
+        last layers then compute those and the pooled positions only, and the other states come back as
+        zeros at full length. The pre-training mixture passes it when ``fuse`` accepts it."""
+
+    def encoding_modules(self, side: str) -> tuple[nn.Module, ...]:
+        """The modules ``encode_text`` (``side="text"``) or ``encode_image`` (``"image"``) run. Training shares
+        one encoding of a side between the passes of a step when none of them draws random numbers
+        (dropout); the default, the whole model, never shares more than that rule allows."""
+        return (self,)
+
+    def set_activation_checkpointing(self, enabled: bool = True) -> int:
+        """Recompute every transformer block's activations in the backward pass (less memory, the same
+        outputs and gradients); see `vlkit.models.layers.set_activation_checkpointing`."""
+        from vlkit.models.layers import set_activation_checkpointing
+
+        return set_activation_checkpointing(self, enabled)
+
+    def compile_blocks(self, **options: Any) -> int:
+        """``torch.compile`` every transformer block in place (`vlkit.models.layers.compile_blocks`)."""
+        from vlkit.models.layers import compile_blocks
+
+        return compile_blocks(self, **options)
+
+    def forward(self, batch: VLBatch, pooled_only: bool = False, **kwargs: Any) -> VLOutput:
+        return self.fuse(self.encode_text(batch, **kwargs), self.encode_image(batch, **kwargs), pooled_only)
+
+    # -- sizes the objectives and tasks read -------------------------------------------------
+    @property
+    def text_hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def image_hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def joint_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.get_input_embeddings().num_embeddings
+
+    @property
+    def image_size(self) -> int | None:
+        """Input image side in pixels (pixel families; None for region families)."""
+        return self._pixel_field("image_size")
+
+    @property
+    def patch_size(self) -> int | None:
+        """Pixels per image-token side (pixel families; None for region families)."""
+        return self._pixel_field("patch_size")
+
+    def _pixel_field(self, name: str) -> int | None:
+        if self.image_input != "pixels":
+            return None
+        if not hasattr(self.config, name):
+            raise TypeError(f"{self.family} takes pixels: its config must have an {name!r} field")
+        return getattr(self.config, name)
+
+    def extend_image_types(self, count: int) -> None:
+        """Grow the image token types to ``count`` (the new ones copy type 1) and record it in the config."""
+        raise TypeError(f"{self.family} has no image token types")
+
+    def task_inputs(self, task: str, batch: VLBatch, task_id: int | None = None) -> dict[str, Any]:
+        """Extra forward keywords for downstream ``task`` (none by default)."""
+        return {}
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def get_region_projection(self) -> nn.Linear:
+        """The linear layer that projects region features into the model (MRFR ties to it)."""
+        raise TypeError(f"{self.family} takes no region features")
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    # -- example inputs ----------------------------------------------------------------------
+    def example_batch(self, batch_size: int = 2, seed: int = 0, text_len: int = 12, num_regions: int = 10) -> VLBatch:
+        """Valid random inputs of the kind this family takes; the last example is padded shorter."""
+        g = torch.Generator().manual_seed(seed)
+        pad_id = getattr(self.config, "pad_token_id", 0)
+        ids = torch.randint(pad_id + 1, self.vocab_size, (batch_size, text_len), generator=g)
+        mask = torch.ones(batch_size, text_len, dtype=torch.long)
+        if batch_size > 1:
+            mask[-1, text_len // 2:] = 0
+            ids[-1, text_len // 2:] = pad_id
+        fields: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+        if self.image_input == "regions":
+            k, d, c = num_regions, self.config.v_feature_size, self.config.v_target_size
+            xy = torch.rand(batch_size, k, 2, generator=g) * 0.5
+            wh = torch.rand(batch_size, k, 2, generator=g) * 0.5 + 0.05
+            region_mask = torch.ones(batch_size, k, dtype=torch.long)
+            if batch_size > 1:
+                region_mask[-1, k // 2:] = 0
+            fields.update(
+                region_feats=torch.rand(batch_size, k, d, generator=g) * region_mask[..., None],
+                region_boxes=torch.cat([xy, xy + wh], dim=-1),
+                region_mask=region_mask,
+                region_soft_labels=torch.softmax(torch.randn(batch_size, k, c, generator=g), dim=-1),
+            )
+        else:
+            size = self.image_size
+            fields["pixel_values"] = torch.randn(batch_size, 3, size, size, generator=g)
+        return VLBatch(**fields).to(self.device)
+
+    # -- save / load -----------------------------------------------------------------------------
+    def config_to_save(self) -> dict[str, Any]:
+        """The config that rebuilds this model without any external file."""
+        return self.config.to_dict()
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` (each atomically) into ``directory``."""
+        from vlkit import __version__
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        save_weights(self, directory / WEIGHTS_NAME, metadata={"family": self.family, "format": "pt"})
+        meta = {"family": self.family, "vlkit_version": __version__, "config": self.config_to_save()}
+        atomic_write_text(directory / CONFIG_NAME, json.dumps(meta, indent=2, sort_keys=True))
+        return directory
+
+
+def split_model_config(cfg: Mapping) -> tuple[str, str | None, dict[str, Any]]:
+    """``{name, preset, <field>: value | null}`` -> (name, preset, the non-null field overrides)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(cfg, DictConfig):
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    cfg = dict(cfg)
+    if "name" not in cfg:
+        raise KeyError(f"a model config needs a 'name' key (one of {', '.join(MODELS.names())}); got keys {sorted(cfg)}")
+    name, preset = cfg.pop("name"), cfg.pop("preset", None)
+    return name, preset, {k: v for k, v in cfg.items() if v is not None}
+
+
+def build_model(name_or_cfg: Any, preset: str | None = None, **overrides: Any) -> VLModel:
+    """``build_model("uniter", preset="tiny", num_hidden_layers=4)``, ``build_model(cfg_mapping)``
+    (a ``{name, preset, <field>: value}`` mapping such as the ``model`` node of a command config; the
+    arguments override its values) or ``build_model(config_dataclass)`` (a resolved config: ``preset=``
+    must be its own, field arguments replace its values)."""
+    if isinstance(name_or_cfg, ModelConfig):
+        if preset is not None and preset != name_or_cfg.preset:
+            raise ValueError(f"build_model: the {name_or_cfg.family} config is preset {name_or_cfg.preset!r}, not "
+                             f"preset={preset!r}; build from the family name to choose a preset")
+        if overrides:
+            name_or_cfg = dataclasses.replace(name_or_cfg, **overrides)
+        return MODELS.get(name_or_cfg.family)(name_or_cfg)
+    if isinstance(name_or_cfg, Mapping) or hasattr(name_or_cfg, "keys"):
+        name, cfg_preset, cfg_overrides = split_model_config(name_or_cfg)
+        return build_model(name, preset or cfg_preset, **{**cfg_overrides, **overrides})
+    cls = MODELS.get(name_or_cfg)
+    return cls(cls.config_class.from_preset(preset, **overrides))
+
+
+def list_presets() -> list[str]:
+    """Every preset of every registered family as ``<family>/<preset>``."""
+    return [f"{name}/{preset}" for name in MODELS.names() for preset in MODELS.get(name).config_class.presets]
+
+
+def from_pretrained(directory: str | Path, map_location: str | torch.device = "cpu") -> VLModel:
+    """Rebuild a model saved by ``save_pretrained`` (same family, preset, config and weights); a run
+    directory (a pre-training or fine-tuning output, a converted official checkpoint) gives its ``model/``.
+    Every failure names the file at fault."""
+    directory = Path(directory)
+    if not (directory / CONFIG_NAME).is_file() and (directory / "model" / CONFIG_NAME).is_file():
+        directory = directory / "model"
+    config_path, weights_path = directory / CONFIG_NAME, directory / WEIGHTS_NAME
+    for path in (config_path, weights_path):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: not a vlkit model directory (save_pretrained writes "
+                                    f"{CONFIG_NAME} and {WEIGHTS_NAME})")
+    try:
+        meta = json.loads(config_path.read_text(encoding="utf-8"))
+        family, values = meta["family"], meta["config"]
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{config_path}: not a vlkit model config ({type(err).__name__}: {err})") from err
+    try:
+        cls = MODELS.get(family)
+    except UnknownNameError as err:
+        raise UnknownNameError(f"{config_path}: {err} (is the plugin that provides it installed?)") from err
+    names = {f.name for f in dataclasses.fields(cls.config_class)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"{config_path}: unknown {family} config key(s) {', '.join(unknown)}")
+    model = cls(cls.config_class(**values))
+    missing, unexpected = load_weights(model, weights_path, map_location, strict=False)
+    if missing or unexpected:
+        raise WeightsMismatchError(f"{weights_path}: weights do not match the {family} config of {config_path} "
+                                   f"({key_difference(missing, unexpected)})")
+    return model
+
+
+def command_preset(config_class: type[ModelConfig]) -> str:
+    """The preset the commands build unless ``model.preset=`` says otherwise: ``tiny`` when the family has
+    one (commands default to CPU-sized models), else its default preset."""
+    return "tiny" if "tiny" in config_class.presets else config_class.default_preset
+
+
+def hydra_node(name: str, preset: str | None = None) -> dict[str, Any]:
+    """A family's ``model`` config node, derived from its config dataclass: ``name``, ``preset`` and every
+    field as null (null takes the preset's value; set one to override it: ``model.<field>=...``)."""
+    config_class = MODELS.get(name).config_class
+    fields = [f.name for f in dataclasses.fields(config_class) if f.name != "preset"]
+    return {"name": name, "preset": preset or command_preset(config_class), **dict.fromkeys(fields)}
+
+
+def register_hydra_configs() -> None:
+    """Store every registered family (plugins included) in Hydra's ConfigStore: ``model/<family>``
+    (``model=uniter``) and ``model/<family>_<preset>`` (``model=uniter_base``), both derived from the
+    family's config dataclass (`hydra_node`)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    for name in MODELS.names():
+        store.store(group="model", name=name, node=hydra_node(name))
+        for preset in MODELS.get(name).config_class.presets:
+            store.store(group="model", name=f"{name}_{preset}", node=hydra_node(name, preset))

@@ -1,0 +1,137 @@
+"""What the objectives share: the `Objective` base, the prediction-head transform, the pass context
+that the mixture hands to each objective, and the tokenizer facts MLM needs."""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from vlkit.models.base import VLModel
+from vlkit.models.layers import activation
+from vlkit.types import LossOutput, VLBatch, VLOutput
+
+
+class IncompatibleObjective(ValueError):
+    """An objective that cannot work with a model (e.g. MRC on a patch model), raised at build time."""
+
+
+@dataclass
+class TokenInfo:
+    """Tokenizer facts for MLM: [MASK] id, special ids, the random-word range, WordPiece word starts."""
+
+    mask_token_id: int = 103
+    special_ids: tuple[int, ...] = (0, 100, 101, 102, 103)
+    vocab_size: int | None = None
+    random_range_start: int = 0
+    continuation: Tensor | None = None  # [vocab] bool, True for "##" WordPiece continuations
+    hf_skip_ids: tuple[int, ...] = ()  # ids spelt "[CLS]" / "[SEP]", which HF's whole-word collator skips
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any, random_from: str | None = None) -> "TokenInfo":
+        """From a Hugging Face tokenizer; ``random_from="!"`` reproduces UNITER's ``v_range``."""
+        vocab = tokenizer.get_vocab()
+        continuation = torch.zeros(len(tokenizer), dtype=torch.bool)
+        for token, index in vocab.items():
+            if token.startswith("##") and index < len(continuation):
+                continuation[index] = True
+        start = tokenizer.convert_tokens_to_ids(random_from) if random_from else 0
+        skip = tuple(vocab[t] for t in ("[CLS]", "[SEP]") if t in vocab)
+        return cls(mask_token_id=tokenizer.mask_token_id, special_ids=tuple(tokenizer.all_special_ids),
+                   vocab_size=len(tokenizer), random_range_start=start,
+                   continuation=continuation if continuation.any() else None, hf_skip_ids=skip)
+
+
+@dataclass
+class PassContext:
+    """What the mixture did to a batch before the forward pass, for the objectives to score.
+
+    ``mlm_labels`` [B, T] (-100 = not a target); ``region_masked`` / ``patch_masked`` [B, K|N] bool;
+    ``original`` is the batch before corruption; ``itm_match`` [B] bool (True = the pair is aligned);
+    ``score_rows`` [B] bool restricts masked-modelling losses (ViLBERT ``objective 1``: aligned rows).
+    ``text_from`` / ``image_from`` [B]: the row of the clean batch whose caption / image each row shows
+    unchanged (None once that side is masked), so unimodal encodings can be reused across passes.
+    """
+
+    original: VLBatch
+    mlm_labels: Tensor | None = None
+    region_masked: Tensor | None = None
+    patch_masked: Tensor | None = None
+    itm_match: Tensor | None = None
+    score_rows: Tensor | None = None
+    text_from: Tensor | None = None
+    image_from: Tensor | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class PredictionHeadTransform(nn.Module):
+    """``LayerNorm(act(dense(x)))``: BERT's head transform, also UNITER's MRFR / MRC ``net``."""
+
+    def __init__(self, in_size: int, hidden_size: int, act: str = "gelu", eps: float = 1e-12):
+        super().__init__()
+        self.dense = nn.Linear(in_size, hidden_size)
+        self.transform_act_fn = activation(act)
+        self.LayerNorm = nn.LayerNorm(hidden_size, eps=eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.LayerNorm(self.transform_act_fn(self.dense(x)))
+
+
+class Objective(nn.Module, metaclass=abc.ABCMeta):
+    """One pre-training objective with its own head.
+
+    ``view`` names what the mixture must do to the batch for it: ``text`` (mask tokens),
+    ``regions`` (mask regions), ``patches`` (mask patches) or ``pairs`` (mix in mismatched pairs).
+    Subclasses check their model in ``check`` (raising `IncompatibleObjective`) and score a pass in
+    ``forward(out, batch, ctx)``.
+    """
+
+    name: ClassVar[str] = ""
+    view: ClassVar[str] = ""
+    # reads only ``VLOutput.joint`` / the pooled vectors: a pass whose objectives all do runs the last
+    # fusion layers at the pooled positions only (``fuse(pooled_only=True)``, the same poolers)
+    joint_only: ClassVar[bool] = False
+
+    def __init__(self, model: VLModel):
+        super().__init__()
+        type(self).check(model)
+
+    @classmethod
+    def check(cls, model: VLModel) -> None:
+        """Raise `IncompatibleObjective` if ``model`` cannot serve this objective."""
+
+    @classmethod
+    def options(cls, model: VLModel, given: dict[str, Any]) -> dict[str, Any]:
+        """The defaults the model's family declares for this objective (``objective_defaults``),
+        overridden by ``given``."""
+        return {**model.objective_defaults.get(cls.name, {}), **given}
+
+    def rows(self, ctx: PassContext) -> tuple[Tensor | None, Tensor | None] | None:
+        """The token / region (patch) positions whose fused states this objective reads, as ``(text [B, T],
+        image [B, K])`` bool masks (None: that side is not read), or None when it reads every state (the
+        default). The mixture lets the model compute the last layers at those positions only."""
+        return (None, None) if self.joint_only else None
+
+    def attach(self, objectives: Mapping[str, Objective]) -> None:
+        """Called once the mixture holds all its objectives (by name): a head shared with another
+        objective is taken from it here."""
+
+    @abc.abstractmethod
+    def forward(self, out: VLOutput, batch: VLBatch, ctx: PassContext) -> LossOutput:
+        """Score one forward pass of the (corrupted) ``batch``."""
+
+
+def require_regions(name: str, model: VLModel) -> None:
+    if model.image_input != "regions":
+        raise IncompatibleObjective(f"objective {name!r} needs region features; {model.family} takes {model.image_input}")
+
+
+def masked_rows(mask: Tensor, rows: Tensor | None) -> Tensor:
+    """Restrict a [B, L] target mask to the rows in ``rows`` [B] (None keeps all)."""
+    return mask if rows is None else mask & rows.view(-1, 1)
+
+
+def accuracy(logits: Tensor, target: Tensor) -> Tensor:
+    return (logits.argmax(-1) == target).float().mean() if target.numel() else logits.new_zeros(())

@@ -1,0 +1,312 @@
+"""The objective mixture: which objectives run at a step, how the batch is corrupted for them, and
+how their losses combine. A mix is the YAML of ``conf/objectives/*.yaml``:
+
+    sampling: per_batch        # one unit per optimizer step, drawn by ratio (UNITER); or: sum
+    masking: conditional       # each pass masks one modality (UNITER); or: joint (ViLBERT)
+    objectives:
+      itm: {ratio: 30, wra: {weight: 0.1}}     # a companion rides on its unit's pass
+      mlm: {ratio: 40}
+      mrfr: {ratio: 20}
+      mrc_kl: {ratio: 20}
+
+A *pass* is one forward of the model over a corrupted copy of the batch. ``conditional`` runs one
+pass per view (masked text, masked regions, masked patches, mixed pairs: METER's two forward
+passes); ``joint`` runs a single pass that mixes in negatives and masks every modality the mix
+masks, independently (ViLBERT). Objectives of the ``unimodal`` view (``itc``) get their own pass over
+the clean batch that runs only ``encode_text`` / ``encode_image``. ``every_step: true`` runs an
+objective at every step on top of the drawn unit (``per_batch``), as ``vlkit compare`` adds ``itc``. Randomness comes from ``(seed, step)`` (objective choice: the same
+on every rank and every accumulation micro-batch) and ``(seed, micro_step)`` (masks, negatives).
+"""
+from __future__ import annotations
+
+import inspect
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from vlkit.io import config_dir
+from vlkit.models.base import VLModel
+from vlkit.objectives.base import IncompatibleObjective, Objective, PassContext, TokenInfo
+from vlkit.objectives.masking import mask_patches, mask_regions, mask_tokens
+from vlkit.registry import OBJECTIVES
+from vlkit.types import Encoded, LossOutput, VLBatch
+
+MIX_KEYS = ("sampling", "masking", "seed", "mask_only_matched", "text_masking", "region_masking", "patch_masking",
+            "objectives")
+MASK_VIEWS = ("text", "regions", "patches")
+UNIMODAL = "unimodal"  # a pass of encode_text / encode_image over the clean batch, no fusion
+PRESET_DIR = config_dir() / "objectives"
+
+
+@dataclass
+class Unit:
+    """An objective and the companions that ride on its pass (UNITER's WRA on the ITM batch)."""
+
+    name: str
+    ratio: float = 1.0
+    weight: float = 1.0
+    every_step: bool = False
+    companions: dict[str, float] = field(default_factory=dict)  # name -> weight
+
+
+def load_mix(mix: Any) -> dict[str, Any]:
+    """A mix as a plain dict: a preset name (``conf/objectives/<name>.yaml``), a YAML path, or a mapping."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(mix, (str, Path)):
+        path = Path(mix)
+        if not path.suffix:
+            path = PRESET_DIR / f"{mix}.yaml"
+        if not path.is_file():
+            presets = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+            raise FileNotFoundError(f"no objective mix {str(mix)!r}; presets: {', '.join(presets)}")
+        mix = OmegaConf.load(path)
+    if isinstance(mix, DictConfig):
+        mix = OmegaConf.to_container(mix, resolve=True)
+    if not isinstance(mix, Mapping):
+        raise TypeError(f"an objective mix is a preset name or a mapping, not {type(mix).__name__}")
+    unknown = sorted(set(mix) - set(MIX_KEYS))
+    if unknown:
+        raise KeyError(f"objective mix: unknown key(s) {', '.join(unknown)}; keys: {', '.join(MIX_KEYS)}")
+    if not mix.get("objectives"):
+        raise KeyError("objective mix: 'objectives' is empty")
+    return dict(mix)
+
+
+def build_objective(name: str, model: VLModel, **options: Any) -> Objective:
+    """One registered objective for ``model``, with the family's official defaults under ``options``."""
+    cls = OBJECTIVES.get(name)
+    cls.check(model)
+    options = cls.options(model, options)
+    accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "model"}
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise TypeError(f"objective {name!r} has no option(s) {', '.join(unknown)}; options: {', '.join(sorted(accepted))}")
+    return cls(model, **options)
+
+
+class Pretraining(nn.Module):
+    """The pre-training module: the model, the objectives' heads, and the mixture that drives a step.
+
+    ``forward(batch, step, micro_step=None) -> LossOutput`` whose metrics name the objectives used
+    (``objective/<name>`` = 1) and their figures (``<name>/loss``, ``mlm/acc``, ``itm/acc``,
+    ``wra/ot_pos`` ...).
+    """
+
+    def __init__(self, model: VLModel, mix: Any, tokens: TokenInfo | None = None, seed: int | None = None):
+        super().__init__()
+        cfg = load_mix(mix)
+        self.mix = cfg
+        self.model = model
+        self.sampling = cfg.get("sampling", "per_batch")
+        self.masking = cfg.get("masking", "conditional")
+        if self.sampling not in ("per_batch", "sum") or self.masking not in ("conditional", "joint"):
+            raise ValueError(f"objective mix: sampling must be per_batch|sum and masking conditional|joint; got "
+                             f"{self.sampling!r}, {self.masking!r}")
+        self.seed = int(cfg.get("seed", 0) if seed is None else seed)
+        self.mask_only_matched = bool(cfg.get("mask_only_matched", False))
+        self.text_masking = {"prob": 0.15, "policy": "bernoulli", **(cfg.get("text_masking") or {})}
+        self.region_masking = {"prob": 0.15, "zero_prob": 1.0, "min_masked": 1, **(cfg.get("region_masking") or {})}
+        self.patch_masking = {"prob": 0.15, "min_masked": 1, **(cfg.get("patch_masking") or {})}
+        self.tokens = tokens or TokenInfo(vocab_size=model.vocab_size)
+        self.objectives = nn.ModuleDict()
+        self.units: list[Unit] = []
+        for name, options in cfg["objectives"].items():
+            options = dict(options or {})
+            unit = Unit(name, float(options.pop("ratio", 1.0)), float(options.pop("weight", 1.0)),
+                        bool(options.pop("every_step", False)))
+            for companion in [k for k in options if k in OBJECTIVES]:
+                extra = dict(options.pop(companion) or {})
+                unit.companions[companion] = float(extra.pop("weight", 1.0))
+                self._add(companion, extra)
+            self._add(name, options)
+            self.units.append(unit)
+        for objective in self.objectives.values():
+            objective.attach(self.objectives)
+        if self.mask_only_matched and not any(o.view == "pairs" for o in self.objectives.values()):
+            raise ValueError("objective mix: mask_only_matched needs an objective that mixes in pairs (itm)")
+        self.mask_views = {o.view for o in self.objectives.values()} & set(MASK_VIEWS)
+        self._keep_rows = "keep_rows" in inspect.signature(model.fuse).parameters  # the family prunes rows
+
+    def _add(self, name: str, options: dict[str, Any]) -> None:
+        if name in self.objectives:
+            raise ValueError(f"objective mix: {name!r} appears twice")
+        try:
+            self.objectives[name] = build_objective(name, self.model, **options)
+        except IncompatibleObjective as err:
+            raise IncompatibleObjective(f"objective mix: {err}") from None
+
+    # -- the plan of a step ----------------------------------------------------------------------
+    def active_units(self, step: int) -> list[Unit]:
+        """``sum``: every unit; ``per_batch``: one unit drawn by ratio from ``(seed, step)`` alone."""
+        drawn = [u for u in self.units if not u.every_step]
+        if self.sampling == "sum" or not drawn:
+            return list(self.units)
+        rng = random.Random(f"vlkit-mix:{self.seed}:{step}")
+        return rng.choices(drawn, weights=[u.ratio for u in drawn]) + [u for u in self.units if u.every_step]
+
+    def plan(self, units: list[Unit]) -> list[tuple[frozenset[str], list[tuple[str, float]]]]:
+        """Passes ``(views, [(objective, weight)])`` for the active units."""
+        scored = [(u.name, u.weight) for u in units] + [(c, w) for u in units for c, w in u.companions.items()]
+        if self.masking == "joint":
+            fused = [(n, w) for n, w in scored if self.objectives[n].view != UNIMODAL]
+            unimodal = [(n, w) for n, w in scored if self.objectives[n].view == UNIMODAL]
+            views = {self.objectives[n].view for n, _ in fused}
+            if views & set(MASK_VIEWS):
+                views |= self.mask_views
+            return ([(frozenset(views), fused)] if fused else []) + \
+                ([(frozenset([UNIMODAL]), unimodal)] if unimodal else [])
+        passes: dict[str, list[tuple[str, float]]] = {}
+        for unit in units:
+            passes.setdefault(self.objectives[unit.name].view, []).append((unit.name, unit.weight))
+            for companion, weight in unit.companions.items():
+                passes[self.objectives[unit.name].view].append((companion, weight))
+        return [(frozenset([view]), scored_) for view, scored_ in passes.items()]
+
+    def _pair_maker(self) -> Objective:
+        makers = [o for o in self.objectives.values() if hasattr(o, "make_pairs")]
+        if not makers:
+            raise ValueError("objective mix: a pairs objective (e.g. wra) needs 'itm' in the mix to make pairs")
+        return makers[0]
+
+    def corrupt(self, batch: VLBatch, views: frozenset[str], generator: torch.Generator) -> tuple[VLBatch, PassContext]:
+        """Mix in pairs and mask what ``views`` ask for; the input batch is never modified."""
+        rows = torch.arange(batch.batch_size, device=batch.device)
+        ctx = PassContext(original=batch, text_from=rows, image_from=rows)
+        if "pairs" in views:
+            maker = self._pair_maker()
+            source, ctx.itm_match = maker.pair_sources(batch, generator)
+            batch = ctx.original = maker.swap(batch, source)
+            if maker.negatives == "image":
+                ctx.image_from = source
+            else:
+                ctx.text_from = source
+            if self.mask_only_matched:
+                ctx.score_rows = ctx.itm_match
+        if "text" in views:
+            ids, ctx.mlm_labels = self._mask_text(batch, generator)
+            batch = batch.replace(input_ids=ids)
+            ctx.text_from = None
+        if "regions" in views:
+            batch, ctx.region_masked = mask_regions(batch, generator=generator, **self.region_masking)
+            ctx.image_from = None
+        if "patches" in views:
+            pixels, ctx.patch_masked = mask_patches(batch.pixel_values, self.model.patch_size, generator=generator,
+                                                    **self.patch_masking)
+            batch = batch.replace(pixel_values=pixels)
+            ctx.image_from = None
+        return batch, ctx
+
+    def _fuse_options(self, wanted: list, batch: VLBatch, image: Encoded) -> dict[str, Any]:
+        """``fuse`` keywords from what a pass's objectives read (`Objective.rows`): every state (nothing
+        to prune), only the joint vector (``pooled_only``), or some positions (``keep_rows``)."""
+        if any(w is None for w in wanted):
+            return {}
+        if all(t is None and i is None for t, i in wanted):
+            return {"pooled_only": True}
+        if not self._keep_rows:
+            return {}
+        shapes = (tuple(batch.input_ids.shape), (batch.batch_size, image.states.shape[1] - self.model.image_offset))
+
+        def union(masks: list, shape: tuple[int, int]) -> Tensor:
+            out = torch.zeros(shape, dtype=torch.bool, device=image.states.device)
+            for m in masks:
+                if m is not None:
+                    out = out | m.to(out.device)
+            return out
+
+        return {"keep_rows": tuple(union([w[side] for w in wanted], shapes[side]) for side in (0, 1))}
+
+    def _mask_text(self, batch: VLBatch, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        t = self.tokens
+        options = dict(self.text_masking)
+        word_starts = None
+        if t.continuation is not None and options["policy"] != "bernoulli":
+            word_starts = ~t.continuation.to(batch.input_ids.device)[batch.input_ids]
+        return mask_tokens(batch.input_ids, batch.attention_mask, mask_token_id=t.mask_token_id,
+                           vocab_size=t.vocab_size or self.model.vocab_size, special_ids=t.special_ids,
+                           random_range_start=t.random_range_start, generator=generator, word_starts=word_starts,
+                           hf_skip_ids=t.hf_skip_ids, **options)
+
+    # -- a training step -------------------------------------------------------------------------
+    def forward(self, batch: VLBatch, step: int = 0, micro_step: int | None = None) -> LossOutput:
+        micro_step = step if micro_step is None else micro_step
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + micro_step)
+        total: Tensor | None = None
+        metrics: dict[str, Any] = {}
+        # unimodal encodings of the clean batch, shared by the passes that show it unchanged (or
+        # permuted); per side, only when its encoding draws no random numbers (re-encoding gives the same)
+        clean = _CleanEncodings(self.model, batch)
+        for views, scored in self.plan(self.active_units(step)):
+            if views == {UNIMODAL}:
+                corrupted, ctx = batch, PassContext(original=batch)
+                rows = torch.arange(batch.batch_size, device=batch.device)
+                out = (clean.text(rows, batch), clean.image(rows, batch))
+            else:
+                corrupted, ctx = self.corrupt(batch, views, generator)
+                text, image = clean.text(ctx.text_from, corrupted), clean.image(ctx.image_from, corrupted)
+                wanted = [self.objectives[name].rows(ctx) for name, _ in scored]
+                out = self.model.fuse(text, image, **self._fuse_options(wanted, corrupted, image))
+            for name, weight in scored:
+                result = self.objectives[name](out, corrupted, ctx)
+                total = weight * result.loss if total is None else total + weight * result.loss
+                metrics[f"objective/{name}"] = 1.0
+                metrics[f"{name}/loss"] = result.loss.detach()
+                metrics.update({f"{name}/{k}": v for k, v in result.metrics.items()})
+        return LossOutput(total, metrics)
+
+
+def stochastic(module: nn.Module) -> bool:
+    """Whether a forward pass of ``module`` in its current mode draws random numbers (dropout, drop path)."""
+    for m in module.modules():
+        if not m.training:
+            continue
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            return True
+        if any(isinstance(getattr(m, a, None), float) and getattr(m, a) > 0
+               for a in ("dropout", "dropout_prob", "drop_prob", "attention_dropout")):
+            return True
+    return False
+
+
+class _CleanEncodings:
+    """``encode_text`` / ``encode_image`` of one step's clean batch, computed on first use and shared by
+    the passes whose rows show it unchanged, for each side whose encoding is deterministic (the model's
+    ``encoding_modules`` draw no random numbers: METER's CLIP tower has no dropout, its text tower has)."""
+
+    def __init__(self, model: VLModel, batch: VLBatch):
+        self.model, self.batch = model, batch
+        self.shared = {side: not any(stochastic(m) for m in model.encoding_modules(side))
+                       for side in ("text", "image")}
+        self._cache: dict[str, Encoded] = {}
+
+    def _get(self, side: str, rows: Tensor | None, batch: VLBatch) -> Encoded:
+        encode = self.model.encode_text if side == "text" else self.model.encode_image
+        if rows is None or not self.shared[side]:  # masked, or not reproducible: encode what the pass shows
+            return encode(batch)
+        if side not in self._cache:
+            self._cache[side] = encode(self.batch)
+        encoded = self._cache[side]
+        if bool((rows == torch.arange(len(rows), device=rows.device)).all()):
+            return encoded
+        return encoded.index(rows)
+
+    def text(self, rows: Tensor | None, batch: VLBatch) -> Encoded:
+        """The text encoding of ``batch``, whose captions are the clean batch's ``rows`` (None: changed)."""
+        return self._get("text", rows, batch)
+
+    def image(self, rows: Tensor | None, batch: VLBatch) -> Encoded:
+        """The image encoding of ``batch``, whose images are the clean batch's ``rows`` (None: changed)."""
+        return self._get("image", rows, batch)
+
+
+def build_pretraining(model: VLModel, mix: Any, tokenizer: Any = None, seed: int | None = None,
+                      random_from: str | None = None) -> Pretraining:
+    """``build_pretraining(model, "uniter")``: the `Pretraining` module for ``model`` with mix ``mix``
+    (a preset name, a YAML path, a dict or a DictConfig); ``tokenizer`` supplies the MLM token ids."""
+    tokens = TokenInfo.from_tokenizer(tokenizer, random_from) if tokenizer is not None else None
+    return Pretraining(model, mix, tokens, seed)

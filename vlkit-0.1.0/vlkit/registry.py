@@ -1,0 +1,174 @@
+"""One `Registry` class and the registries every room of vlkit uses.
+
+Built-in entries register themselves when their module is imported; third-party packages add
+entries through the ``vlkit.plugins`` entry-point group (each entry point is imported, and called
+if it is callable). Task heads are keyed by ``(task, family)`` (`HeadRegistry`): a family registers
+its own heads beside its model, and a task falls back to the generic heads registered without a
+family.
+"""
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+from typing import Any, Callable, Iterator
+
+PLUGIN_GROUP = "vlkit.plugins"
+
+_FAMILY_MODULES = ["vlkit.models.vilbert", "vlkit.models.uniter", "vlkit.models.meter"]
+# Modules that register the built-in entries of each registry, imported on first look-up so that
+# `import vlkit` stays cheap.
+_BUILTIN_MODULES = {
+    "model": _FAMILY_MODULES,
+    "head": ["vlkit.models.heads", *_FAMILY_MODULES],
+    "encoder": ["vlkit.models.encoders"],
+    "objective": ["vlkit.objectives"],
+    "task": ["vlkit.tasks.vqa", "vlkit.tasks.retrieval", "vlkit.tasks.nlvr2", "vlkit.tasks.refexp", "vlkit.tasks.snli_ve"],
+    "dataset": ["vlkit.data"],
+}
+_plugins_loaded = False
+
+
+class UnknownNameError(LookupError):
+    """A name that no registry entry answers to; the message lists the registered names."""
+
+
+def did_you_mean(name: Any, names: Any) -> str:
+    """``" (did you mean 'x'?)"`` for the registered names closest to ``name``, else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), [str(n) for n in names], n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
+class UnknownHeadError(UnknownNameError, ValueError):
+    """A head name that a family does not offer for a task (also a `ValueError`: a bad task option)."""
+
+
+def load_plugins() -> None:
+    """Import every ``vlkit.plugins`` entry point once (a callable entry point is called)."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for ep in entry_points(group=PLUGIN_GROUP):
+        obj = ep.load()
+        if callable(obj):
+            obj()
+
+
+class Registry:
+    """A name -> object table with a decorator to fill it and helpful errors on unknown names."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._entries: dict[str, Any] = {}
+
+    def register(self, name: str | None = None, *, override: bool = False) -> Callable[[Any], Any]:
+        def decorator(obj: Any) -> Any:
+            key = name or getattr(obj, "name", None) or obj.__name__.lower()
+            if key in self._entries and self._entries[key] is not obj and not override:
+                raise ValueError(f"{self.kind} {key!r} is already registered by {self._entries[key]!r}")
+            self._entries[key] = obj
+            return obj
+
+        return decorator
+
+    def _populate(self) -> None:
+        for module in _BUILTIN_MODULES.get(self.kind, []):
+            importlib.import_module(module)
+        load_plugins()
+
+    def get(self, name: str) -> Any:
+        if name not in self._entries:
+            self._populate()
+        if name not in self._entries:
+            raise UnknownNameError(
+                f"unknown {self.kind} {name!r}{did_you_mean(name, self.names())}; registered {self.kind}s: "
+                f"{', '.join(self.names()) or '(none)'}"
+            )
+        return self._entries[name]
+
+    def names(self) -> list[str]:
+        self._populate()
+        return sorted(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, {sorted(self._entries)})"
+
+
+class HeadRegistry(Registry):
+    """``(task, family) -> {name: head class}``: the heads a family offers for a task, one of them its
+    default. Heads registered without a family are the generic ones, used for every family that
+    registers none for that task."""
+
+    def __init__(self) -> None:
+        super().__init__("head")
+        self._defaults: dict[tuple[str, str | None], str] = {}
+
+    def register(self, task: str, family: str | None = None, name: str = "default", *, default: bool = False,
+                 override: bool = False) -> Callable[[Any], Any]:
+        """``@register_head("nlvr2", "uniter", "pair_biattn", default=True)``; the first head registered
+        for ``(task, family)`` is its default unless another one says ``default=True``."""
+        def decorator(obj: Any) -> Any:
+            heads = self._entries.setdefault((task, family), {})
+            if name in heads and heads[name] is not obj and not override:
+                raise ValueError(f"head {name!r} of task {task!r} for {family or 'every family'} is already "
+                                 f"registered by {heads[name]!r}")
+            heads[name] = obj
+            if default or (task, family) not in self._defaults:
+                self._defaults[(task, family)] = name
+            return obj
+
+        return decorator
+
+    def heads(self, task: str, family: str) -> tuple[str | None, dict[str, Any]]:
+        """(the family the heads belong to, or None for the generic ones; {name: head class})."""
+        key = (task, family)
+        if key not in self._entries:
+            self._populate()
+        if key in self._entries:
+            return family, self._entries[key]
+        if (task, None) in self._entries:
+            return None, self._entries[(task, None)]
+        raise UnknownHeadError(f"no head for task {task!r}: {family!r} registers none and there is no generic one")
+
+    def get(self, task: str, family: str, name: str | None = None) -> Any:  # type: ignore[override]
+        """The head class ``name`` (default: the default one) of ``task`` for ``family``."""
+        owner, heads = self.heads(task, family)
+        name = name or self._defaults[(task, owner)]
+        if name not in heads:
+            raise UnknownHeadError(f"task {task}: {family} has no head {name!r}; choose one of {', '.join(heads)}")
+        return heads[name]
+
+    def names(self, task: str | None = None, family: str | None = None) -> list:  # type: ignore[override]
+        """The head names of ``task`` for ``family`` (default first), or every ``(task, family)`` key."""
+        if task is None:
+            self._populate()
+            return sorted(self._entries, key=lambda k: (k[0], k[1] or ""))
+        owner, heads = self.heads(task, family)
+        default = self._defaults[(task, owner)]
+        return [default, *sorted(n for n in heads if n != default)]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.names()
+
+
+MODELS = Registry("model")
+OBJECTIVES = Registry("objective")
+TASKS = Registry("task")
+ENCODERS = Registry("encoder")
+DATASETS = Registry("dataset")
+HEADS = HeadRegistry()
+
+register_model = MODELS.register
+register_objective = OBJECTIVES.register
+register_task = TASKS.register
+register_encoder = ENCODERS.register
+register_dataset = DATASETS.register
+register_head = HEADS.register

@@ -1,0 +1,137 @@
+"""`vlkit pretrain | finetune | evaluate`: Hydra apps over ``conf/{pretrain,finetune,evaluate}.yaml``.
+
+Every command accepts ``model=``, ``model.preset=``, ``objectives=``, ``data=``, ``task=``,
+``trainer.max_steps=``, ``trainer.seed=``, ``trainer.output_dir=`` and ``resume=``; every training
+run writes ``<output_dir>/metrics.jsonl``, ``<output_dir>/checkpoints/`` and ``<output_dir>/preflight.json``
+(``skipped.jsonl`` too when ``data.on_error=skip`` left examples out). With ``init=`` the model (its
+family and sizes) comes from the saved run; ``model=`` / ``model.<field>=`` given on the command line
+must agree with it (the preflight says which do not). ``overrides``: the command line's ``key=value``
+strings, from which the explicitly set keys are read.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from vlkit.train import pipeline
+
+
+def _announce(what: str, payload: dict) -> None:
+    print(json.dumps({what: payload}, indent=2, sort_keys=True, default=str))
+
+
+def explicit_keys(overrides: Sequence[str] | None) -> set[str]:
+    """The config keys a command line sets (``model=uniter`` -> ``model``, ``+a.b=1`` -> ``a.b``)."""
+    keys = set()
+    for override in overrides or ():
+        key, sep, _ = override.partition("=")
+        if sep:
+            keys.add(key.lstrip("+~"))
+    return keys
+
+
+def _model_and_preflight(cfg, overrides: Sequence[str] | None):
+    """(the model config of the run: ``init``'s when given, else ``cfg.model``; a `Preflight` holding the
+    ``init=`` checks)."""
+    from vlkit.train.preflight import Preflight
+
+    check = Preflight()
+    check.check_output_dir(cfg.trainer.output_dir, bool(cfg.resume))
+    model_cfg = pipeline.plain(cfg.model)
+    before = len(check.problems)
+    saved = check.check_init(cfg.get("init"), model_cfg, explicit_keys(overrides))
+    if len(check.problems) > before:
+        check.finish()  # the model to build is unclear: stop before preparing any data for it
+    return (saved if saved is not None else model_cfg), check
+
+
+def pretrain(cfg, overrides: Sequence[str] | None = None) -> int:
+    """Pre-train ``model`` on ``data`` with the objective mix ``objectives`` (default: the family's own)."""
+    from accelerate.utils import set_seed
+
+    seed = cfg.trainer.seed
+    model_cfg, check = _model_and_preflight(cfg, overrides)
+    pipeline.set_threads(cfg.get("threads"), model_cfg.get("preset"))
+    env = pipeline.prepare_environment(model_cfg, cfg.data, cfg.get("cache_dir"))
+    set_seed(seed)  # after the environment: a first feature extraction draws from the global RNG
+    model = pipeline.build_run_model(env, model_cfg, cfg.get("init"))
+    trainer_cfg = pipeline.plain(cfg.trainer) | {"resume": bool(cfg.resume)}
+    _, result = pipeline.pretrain_model(env, model, cfg.get("objectives"), trainer_cfg, cfg.trainer.output_dir, seed,
+                                        preflight=check)
+    last = result.history[-1] if result.history else {}
+    _announce("pretrain", {"output_dir": cfg.trainer.output_dir, "steps": result.step, "last": last})
+    return 0
+
+
+def finetune(cfg, overrides: Sequence[str] | None = None) -> int:
+    """Fine-tune ``model`` (from scratch, or from a pre-training run with ``init=``) on ``task``."""
+    from accelerate.utils import set_seed
+
+    if cfg.task.name is None:
+        from vlkit.registry import TASKS
+
+        raise ValueError(f"vlkit finetune needs a task: task={' | '.join(TASKS.names())}")
+    seed = cfg.trainer.seed
+    model_cfg, check = _model_and_preflight(cfg, overrides)
+    pipeline.set_threads(cfg.get("threads"), model_cfg.get("preset"))
+    env = pipeline.prepare_environment(model_cfg, cfg.data, cfg.get("cache_dir"))
+    set_seed(seed)  # after the environment: a first feature extraction draws from the global RNG
+    model = pipeline.build_run_model(env, model_cfg, cfg.get("init"))
+    if cfg.get("init") and (Path(cfg.init) / pipeline.PRETRAINING_WEIGHTS).exists():
+        model = pipeline.load_pretraining(cfg.init, model)  # its heads: retrieval starts from the ITM head
+    trainer_cfg = pipeline.plain(cfg.trainer) | {"resume": bool(cfg.resume)}
+    *_, metrics = pipeline.finetune_task(env, model, cfg.task, trainer_cfg, cfg.trainer.output_dir, seed,
+                                         tuple(cfg.eval_splits), preflight=check)
+    _announce("finetune", {"output_dir": cfg.trainer.output_dir, "metrics": metrics})
+    return 0
+
+
+def evaluate(cfg, overrides: Sequence[str] | None = None) -> int:
+    """Evaluate a fine-tuning run (``checkpoint=`` its output_dir), or a pre-training run zero-shot
+    on ``task`` (retrieval with the pre-training ITM head). A converted official checkpoint
+    (``vlkit convert``) records no data: ``data=`` and ``task=`` name them."""
+    from vlkit.io import atomic_write_text, load_weights
+    from vlkit.tasks import build_task
+    from vlkit.train.preflight import Preflight, read_init
+
+    directory = Path(cfg.checkpoint)
+    info = pipeline.read_run_info(directory)
+    if info["kind"] not in ("pretrain", "finetune"):
+        raise ValueError(f"{directory} holds a {info['kind']} without heads: fine-tune it (init={directory}) first")
+    _, model_cfg = read_init(directory)  # the run's model config: its input geometry
+    pipeline.set_threads(cfg.get("threads"), model_cfg.get("preset"))
+    data_cfg = info["data"] if info.get("data") is not None else cfg.data
+    env = pipeline.prepare_environment(model_cfg, data_cfg, cfg.get("cache_dir"))
+    if info["kind"] == "finetune":
+        task_cfg = info["task_cfg"] if info.get("task_cfg") is not None else pipeline.plain(cfg.task)
+        if task_cfg.get("name") != info["task"]:
+            raise ValueError(f"{directory} holds a {info['task']} task that records no data: pass task={info['task']} "
+                             "and data= for it")
+        model = pipeline.from_pretrained(directory / "model")
+        if info.get("pretraining"):  # a task that kept pre-training heads (retrieval's ITM head)
+            model = pipeline.rebuild_pretraining(model, info["pretraining"])
+        task = build_task(info["task"], model, **info["options"])
+        load_weights(task, directory / pipeline.TASK_WEIGHTS)
+    else:
+        if cfg.task.name != "retrieval":
+            raise ValueError(f"{directory} is a pre-training run: only zero-shot retrieval evaluates one (task=retrieval)")
+        task_cfg = pipeline.plain(cfg.task)
+        task = build_task("retrieval", pipeline.load_pretraining(directory), scorer="itm")
+    data = type(task).build_data(task_cfg, env.tokenizer, env.image_source, env.world)
+    check = Preflight()
+    pipeline.check_task_data(check, task.name, _without_train(data), task, tuple(cfg.eval_splits))
+    check.finish()
+    metrics = pipeline.evaluate_task(task, data, tuple(cfg.eval_splits), task_cfg.get("eval_batch_size", 64))
+    out = Path(cfg.get("output") or directory / "eval.json")
+    atomic_write_text(out, json.dumps(metrics, indent=2, sort_keys=True))
+    _announce("evaluate", {"checkpoint": str(directory), "metrics": metrics, "written": str(out)})
+    return 0
+
+
+def _without_train(data: Any) -> Any:
+    """A copy of a `TaskData` without its training set (evaluation checks only the evaluation splits)."""
+    import dataclasses
+
+    return dataclasses.replace(data, train=None)
+

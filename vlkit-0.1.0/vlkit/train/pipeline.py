@@ -1,0 +1,380 @@
+"""The glue of a run: data environment -> model -> pre-training or fine-tuning with the `Trainer`.
+
+`vlkit pretrain | finetune | evaluate` (``commands.py``) and `vlkit compare` call these functions,
+so a comparison runs exactly what the single commands run. Each runs the preflight
+(`vlkit.train.preflight`) before step 1: every problem of the output folder, the mix, the task and the
+data against the model is reported at once, before anything is trained or written.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from vlkit.models.base import VLModel, split_model_config, from_pretrained
+from vlkit.registry import DATASETS, MODELS, TASKS
+from vlkit.validate import DataError, SkipLog
+
+PRETRAINING_WEIGHTS = "pretraining.safetensors"
+TASK_WEIGHTS = "task.safetensors"
+RUN_INFO = "run.json"
+
+
+def plain(cfg: Any) -> Any:
+    """A DictConfig (or anything) as plain Python containers."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, (DictConfig, ListConfig)) else copy.deepcopy(cfg)
+
+
+def set_threads(threads: int | None, preset: str | None = None) -> int:
+    """A command's ``threads=``: the given count, else 1 for ``tiny`` presets (a tiny model's ops are too small
+    to share: two threads on a busy 2-core machine ran 10x slower than one) and torch's default otherwise."""
+    import torch
+
+    if threads is None and preset == "tiny":
+        threads = 1
+    if threads is not None:
+        if int(threads) < 1:
+            raise ValueError(f"threads={threads}: use a positive number of torch threads (or null)")
+        torch.set_num_threads(int(threads))
+    return torch.get_num_threads()
+
+
+def cache_dir(cfg_value: str | None = None) -> Path:
+    """Where derived data (shapes feature stores) is cached: ``cache_dir=``, ``$VLKIT_CACHE`` or ~/.cache/vlkit."""
+    return Path(cfg_value or os.environ.get("VLKIT_CACHE") or Path.home() / ".cache" / "vlkit")
+
+
+def shapes_feature_store(world: Any, directory: Path, progress: bool = True) -> Path:
+    """Region features of every image of the shapes ``world`` from the shipped shapes detector,
+    extracted once into ``directory`` (resumable) and reused by every later run."""
+    from vlkit.features.detector import extract_features
+
+    path = directory / f"shapes_s{world.seed}_n{world.num_images}_px{world.image_size}.h5"
+    if not path.exists():
+        images = ((world.image_id(i), world.image(i)) for i in range(world.num_images))
+        extract_features(images, path, detector="shapes", progress=progress, total=world.num_images)
+    return path
+
+
+@dataclass
+class Environment:
+    """The data side of a run, resolved for one model family: the data config (with the image
+    source the family needs), the shapes world when ``data=shapes``, the tokenizer and image source."""
+
+    data: dict[str, Any]
+    world: Any
+    tokenizer: Any
+    image_source: Any
+    pairs: Any = None  # the pre-training pairs, once built (`pretraining_dataset`)
+
+    @property
+    def skips(self) -> SkipLog:
+        """What ``data.on_error=skip`` left out of the task data (the pre-training pairs keep their own)."""
+        return self.image_source.skips
+
+    def model_overrides(self, model_cfg: Mapping[str, Any]) -> dict[str, Any]:
+        """Sizes the data decides: the tokenizer's vocabulary (unless a pre-trained text tower is
+        named) and the feature store's feature / class dimensions. A model key set explicitly keeps its
+        value when the data allows it (a vocabulary at least the tokenizer's); a conflict is an error."""
+        name, _, overrides = split_model_config(model_cfg)
+        out: dict[str, Any] = {}
+        if not overrides.get("text_pretrained"):
+            out["vocab_size"] = len(self.tokenizer)
+        store = getattr(self.image_source, "store", None)
+        if store is not None:
+            out["v_feature_size"] = store.feature_dim
+            if store.num_classes:
+                out["v_target_size"] = store.num_classes
+        for key, value in out.items():
+            given = overrides.get(key)
+            if given is not None and (given < value if key == "vocab_size" else given != value):
+                source = "the tokenizer has" if key == "vocab_size" else "the feature store gives"
+                raise ValueError(f"model.{key}={given} conflicts with the data: {source} {value}")
+        return {k: v for k, v in out.items() if k not in overrides}
+
+
+def prepare_environment(model_cfg: Mapping[str, Any], data_cfg: Mapping[str, Any], cache: str | None = None,
+                        progress: bool = True) -> Environment:
+    """Resolve ``data_cfg`` for the family of ``model_cfg``: region families on the shapes world get
+    the shipped detector's features (extracted once, cached); pixel families get images resized to
+    the model's input size."""
+    from vlkit.data.pairs import build_image_source, build_tokenizer
+
+    data = plain(data_cfg)
+    name, preset, overrides = split_model_config(model_cfg)
+    cls = MODELS.get(name)
+    config = cls.config_class.from_preset(preset, **{k: v for k, v in overrides.items()})
+    image = data.setdefault("image", {})
+    world = None
+    if data.get("name") == "shapes":
+        from vlkit.data.shapes import ShapesWorld
+
+        world = ShapesWorld.from_cfg(data)
+        if cls.image_input == "regions" and image.get("source", "shapes") == "shapes":
+            image.update(source="features", path=str(shapes_feature_store(world, cache_dir(cache), progress)))
+    if cls.image_input == "pixels":
+        if image.get("source") == "features":
+            raise ValueError(f"data.image.source=features gives region features; {name} takes pixels")
+        for key, field in (("size", "image_size"), ("patch_size", "patch_size")):
+            value = getattr(config, field)
+            if image.get(key) is not None and image[key] != value:
+                raise ValueError(f"data.image.{key}={image[key]} conflicts with model.{field}={value}: set one of them "
+                                 f"(or both to the same value)")
+            image[key] = value
+    elif image.get("source") != "features":
+        raise ValueError(f"{name} takes region features: set data.image.source=features and data.image.path")
+    tokenizer = build_tokenizer(data.get("tokenizer", "shapes"))
+    return Environment(data, world, tokenizer, build_image_source(image, world, data.get("on_error") or "raise"))
+
+
+def build_run_model(env: Environment, model_cfg: Mapping[str, Any], init: str | None = None) -> VLModel:
+    """The model of a run: ``from_pretrained(init/model)`` when ``init`` names a pre-training run (or a
+    saved model directory), else built from ``model_cfg`` with the data's sizes."""
+    from vlkit.models.base import build_model
+
+    if init:
+        init_path = Path(init)
+        return from_pretrained(init_path / "model" if (init_path / "model").is_dir() else init_path)
+    return build_model(plain(model_cfg), **env.model_overrides(plain(model_cfg)))
+
+
+def pretraining_dataset(env: Environment):
+    """The image-text pairs of ``env.data`` (registered dataset ``data.name``), built once per environment."""
+    if env.pairs is None:
+        env.pairs = DATASETS.get(env.data["name"])(env.data)
+    return env.pairs
+
+
+def save_run(directory: Path, module: torch.nn.Module, info: dict[str, Any]) -> None:
+    """Write the final model (``model/``), the whole training module's weights and ``run.json``."""
+    from vlkit.io import atomic_write_text, save_weights
+
+    directory.mkdir(parents=True, exist_ok=True)
+    module.model.save_pretrained(directory / "model")
+    name = TASK_WEIGHTS if info.get("kind") == "finetune" else PRETRAINING_WEIGHTS
+    save_weights(module, directory / name)
+    atomic_write_text(directory / RUN_INFO, json.dumps(info, indent=2, sort_keys=True, default=str))
+
+
+def read_run_info(directory: str | Path) -> dict[str, Any]:
+    """``run.json`` of a pretrain / finetune output_dir; a missing or corrupt file is an error naming it."""
+    path = Path(directory) / RUN_INFO
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: {directory} is not the output_dir of a vlkit pretrain or finetune run")
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+        info["kind"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
+        raise DataError(f"{path} is not a vlkit run record ({type(err).__name__}: {err})") from err
+    return info
+
+
+def load_pretraining(directory: str | Path, model: VLModel | None = None):
+    """The `Pretraining` module (model + objective heads) saved by a pre-training run."""
+    from vlkit.io import load_weights
+
+    directory = Path(directory)
+    info = read_run_info(directory)
+    if "objectives" not in info:
+        raise DataError(f"{directory / RUN_INFO} records no objective mix: {directory} is not a pre-training run")
+    model = model or from_pretrained(directory / "model")
+    pre = rebuild_pretraining(model, {"objectives": info["objectives"], "seed": info.get("seed")})
+    load_weights(pre, directory / PRETRAINING_WEIGHTS)
+    return pre
+
+
+def rebuild_pretraining(model: VLModel, recorded: Mapping[str, Any]):
+    """A `Pretraining` module of the recorded ``{objectives, seed}`` around ``model``, its weights to be loaded."""
+    from vlkit.objectives import build_pretraining
+
+    pre = build_pretraining(model, recorded["objectives"], seed=recorded.get("seed"))
+    _fit_tokenizers(pre, None)
+    return pre
+
+
+def _fit_tokenizers(pre, dataset, samples: int = 256) -> None:
+    """Fit data-dependent objective parts (MIM's k-means codebook) on the first training images."""
+    for objective in pre.objectives.values():
+        if getattr(objective, "needs_fit", False):
+            if dataset is None:  # loading saved weights: the codebook comes from the checkpoint
+                objective.tokenizer.fitted.fill_(True)
+                continue
+            if isinstance(dataset, torch.utils.data.IterableDataset):  # a stream: its first examples
+                import itertools
+
+                first = [e for e in itertools.islice(iter(dataset), samples) if e is not None]
+            else:
+                first = [dataset[i] for i in range(min(samples, len(dataset)))]
+            pixels = torch.stack([e["pixel_values"] for e in first])
+            objective.fit(pixels)
+
+
+class RecordingLoader:
+    """A training loader that remembers the id of every example it hands out (identical-data audit)."""
+
+    def __init__(self, loader: Any, seen: list[str]):
+        self.loader, self.seen = loader, seen
+
+    @property
+    def dataset(self) -> Any:
+        return self.loader.dataset
+
+    @property
+    def num_workers(self) -> int:
+        return self.loader.num_workers
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.loader.batch_sampler, "set_epoch"):
+            self.loader.batch_sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        for batch in self.loader:
+            self.seen.extend(batch.ids or [])
+            yield batch
+
+
+def _fit(module: torch.nn.Module, dataset: Any, collate: Any, trainer_cfg: Any, output_dir: str | Path, seed: int,
+         seen: list[str] | None, lengths: Any = None, data_source: str | None = None):
+    from vlkit.train.trainer import NonFiniteLossError, Trainer, TrainerConfig
+
+    config = TrainerConfig.from_cfg(trainer_cfg, output_dir=str(output_dir), seed=seed)
+    trainer = Trainer(module, config)
+    needs_lengths = config.batching == "units" or config.group_by_length
+    loader = trainer.loader(dataset, collate, lengths() if needs_lengths and lengths is not None else None)
+    try:
+        return trainer.fit(loader if seen is None else RecordingLoader(loader, seen))
+    except NonFiniteLossError as err:
+        if data_source and data_source not in str(err):
+            raise NonFiniteLossError(f"{err} [data: {data_source}]") from err
+        raise
+
+
+def _resume(trainer_cfg: Any) -> bool:
+    value = trainer_cfg.get("resume", False) if hasattr(trainer_cfg, "get") else getattr(trainer_cfg, "resume", False)
+    return bool(value)
+
+
+def data_source(env: Environment) -> str:
+    """The data of ``env`` for messages: the dataset and the feature store or image folder."""
+    from vlkit.data.pairs import image_index
+
+    _, where = image_index(env.image_source)
+    return f"data={env.data.get('name')}" + (f", {where}" if where and " " in where else "")
+
+
+def family_mix(model: VLModel, mix: Any = None) -> Any:
+    """``mix``, or the model family's own pre-training mix (``default_mix``) when it is None."""
+    mix = plain(mix)
+    if mix is None:
+        mix = plain(type(model).default_mix)
+        if mix is None:
+            raise ValueError(f"{model.family} declares no default objective mix: choose one with objectives=<preset>")
+    return mix
+
+
+def pretrain_model(env: Environment, model: VLModel, mix: Any, trainer_cfg: Any, output_dir: str | Path,
+                   seed: int = 0, seen: list[str] | None = None, preflight: Any = None):
+    """Pre-train ``model`` on ``env``'s pairs with objective mix ``mix`` (None: the family's own); returns
+    (module, TrainResult). ``seen`` (a list) receives the id of every training example in the order it was used.
+    ``preflight``: a `vlkit.train.preflight.Preflight` already holding the caller's checks (``init=`` ...)."""
+    from vlkit.objectives import build_pretraining
+    from vlkit.train.preflight import Preflight
+
+    check = preflight or Preflight()
+    check.check_output_dir(output_dir, _resume(trainer_cfg))
+    mix = family_mix(model, mix)
+    check.check_mix(model, mix, env.image_source)
+    dataset = pretraining_dataset(env)
+    check.check_data("pre-training", dataset, model)
+    check.finish(output_dir)
+    pre = build_pretraining(model, mix, tokenizer=env.tokenizer, seed=seed)
+    _fit_tokenizers(pre, dataset)
+    result = _fit(pre, dataset, dataset.collator(), trainer_cfg, output_dir, seed, seen,
+                  getattr(dataset, "lengths", None), data_source(env))
+    save_run(Path(output_dir), pre, {"kind": "pretrain", "family": model.family, "objectives": mix, "seed": seed,
+                                     "data": env.data, "steps": result.step})
+    return pre, result
+
+
+def finetune_task(env: Environment, model: Any, task_cfg: Mapping[str, Any], trainer_cfg: Any,
+                  output_dir: str | Path, seed: int = 0, eval_splits: tuple[str, ...] = ("val",),
+                  seen: list[str] | None = None, preflight: Any = None, data: Any = None):
+    """Fine-tune on the task of ``task_cfg`` and evaluate on ``eval_splits``.
+
+    ``model`` is a `VLModel`, or a `Pretraining` module whose heads a task may start from (retrieval
+    initialises its rank head from the ITM head); other tasks take its model. ``data``: the task's data
+    (``build_data`` of its class, read-only, so several fine-tunings may share it), else built here. Returns
+    ``(task, data, result, metrics)`` with ``metrics`` as ``<split>/<metric>``.
+    """
+    from vlkit.objectives import Pretraining
+    from vlkit.tasks import build_task
+    from vlkit.train.preflight import Preflight
+
+    task_cfg = plain(task_cfg)
+    name = task_cfg["name"]
+    cls = TASKS.get(name)
+    check = preflight or Preflight()
+    check.check_output_dir(output_dir, _resume(trainer_cfg))
+    check.check_task(cls, model)
+    if data is None:
+        data = cls.build_data(task_cfg, env.tokenizer, env.image_source, env.world)
+    check_task_data(check, name, data, model, eval_splits)
+    check.finish(output_dir)
+    options = {**data.options, **(task_cfg.get("options") or {})}
+    pretraining = None
+    if isinstance(model, Pretraining):
+        if cls.from_pretraining:  # the task keeps some of its heads: recorded to rebuild it for evaluation
+            pretraining = {"objectives": model.mix, "seed": model.seed}
+        else:
+            model = model.model
+    task = build_task(name, model, **options)
+    collate = data.collate or data.train.collator()
+    result = _fit(task, data.train, collate, trainer_cfg, output_dir, seed, seen, getattr(data.train, "lengths", None),
+                  data_source(env))
+    metrics = evaluate_task(task, data, eval_splits, task_cfg.get("eval_batch_size", 64))
+    info = {"kind": "finetune", "task": name, "family": task.model.family, "options": _jsonable(options),
+            "seed": seed, "data": env.data, "task_cfg": task_cfg, "steps": result.step, "metrics": metrics,
+            "pretraining": pretraining}
+    save_run(Path(output_dir), task, info)
+    return task, data, result, metrics
+
+
+def check_task_data(check: Any, name: str, data: Any, model: Any, eval_splits: tuple[str, ...]) -> None:
+    """The preflight of a task's data: its training set (sampled) and the evaluation splits (in full up to a size)."""
+    if data.train is not None:
+        check.check_data(f"{name} train", data.train, model)
+    for split in eval_splits:
+        if split not in data.eval:
+            check.problem(f"task {name} has no {split!r} evaluation set (eval_splits); it has {', '.join(data.eval) or 'none'}")
+        else:
+            check.check_data(f"{name} {split}", data.eval[split], model, evaluation=True)
+
+
+def evaluate_task(task: Any, data: Any, splits: tuple[str, ...], batch_size: int = 64) -> dict[str, float]:
+    """``<split>/<metric>`` of ``task`` on each split. Never scores NaN: weights that hold NaN / inf, and
+    a metric that comes out NaN / inf, are errors naming the parameter or the metric."""
+    bad = [n for n, p in task.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise FloatingPointError(f"task {task.name!r}: the weights hold NaN or inf ({', '.join(bad[:3])}"
+                                 f"{' ...' if len(bad) > 3 else ''}); refusing to evaluate a diverged model")
+    out: dict[str, float] = {}
+    for split in splits:
+        if split not in data.eval:
+            raise KeyError(f"task {task.name!r} has no {split!r} evaluation set; it has {', '.join(data.eval)}")
+        scores = {f"{split}/{k}": float(v) for k, v in task.evaluate(data.eval[split], batch_size=batch_size).items()}
+        nonfinite = [k for k, v in scores.items() if not torch.isfinite(torch.tensor(v))]
+        if nonfinite:
+            raise FloatingPointError(f"task {task.name!r}: {', '.join(nonfinite)} came out NaN or inf; not reported")
+        out.update(scores)
+    return out
+
+
+def _jsonable(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if isinstance(v, (str, int, float, bool, list, dict, type(None)))}

@@ -1,0 +1,293 @@
+"""The preflight: what a run can check before step 1, every problem listed at once.
+
+`pipeline.pretrain_model`, `pipeline.finetune_task` and `vlkit evaluate` (so every command and every
+unit of `vlkit compare`) fill a `Preflight` and call `Preflight.finish` before training or evaluating:
+it raises `PreflightError` listing every problem found, each naming the file, id or key at fault, or
+writes ``<output_dir>/preflight.json`` (what was checked, what was skipped, what was truncated).
+
+Checked fully (cheap whatever the data size: metadata, indexes, configs):
+
+- the output folder: a previous run (``metrics.jsonl`` / ``checkpoints/``) without ``resume=true``, a
+  file in its place, no write permission;
+- ``init=``: the saved model's family against an explicit ``model=``, explicit ``model.<field>`` values
+  that the saved model would silently override;
+- the objective mix: unknown objectives, objectives the family cannot serve, soft labels (and their
+  class count) for MRC / MRC-kl;
+- the data against the model: regions vs pixels, the store's feature dimension against the model's
+  region projection, every example's image id against the feature store's index or the image
+  folder's files; empty texts are refused when the dataset is built; truncated texts are counted.
+
+Sampled (reading images costs I/O): the regions of ``SAMPLES`` images of each training set spread
+evenly over it, and of every image of an evaluation set up to ``FULL_EVAL`` images (else a sample of
+that size), loaded through the data's image source, which validates them (`vlkit.validate.region_problems`:
+finite values, at least one box, boxes inside the image and well-ordered; image files decoded). Images
+that were not sampled are validated when they are loaded, under the same ``data.on_error`` policy.
+Generated images (the shapes world rendered on the fly) are neither looked up nor sampled.
+
+With ``data.on_error=skip`` an example whose image is missing or fails validation is not a problem:
+it is left out and recorded in ``<output_dir>/skipped.jsonl``. Retrieval evaluation sets cannot
+leave images out (the gallery would change), so their problems stay problems.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from vlkit.validate import SKIPPED_FILE, DataError, SkipLog, first, sample_evenly
+
+PREFLIGHT_FILE = "preflight.json"
+SAMPLES = 256  # training images whose regions are loaded and validated
+FULL_EVAL = 5000  # evaluation sets up to this many images are validated in full
+MRC_OBJECTIVES = ("mrc", "mrc_kl")
+RUN_FILES = ("run.json", "pretraining.safetensors", "task.safetensors", "eval.json", PREFLIGHT_FILE,
+             "model/config.json", "model/model.safetensors", "checkpoints/latest")
+
+
+class PreflightError(DataError):
+    """Problems found before step 1; ``problems`` lists them, each naming its culprit."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{len(self.problems)} problem(s) found before step 1 (nothing was trained or written):\n{lines}")
+
+
+def _unwrap(model: Any) -> Any:
+    """The `VLModel` of a model or of a training module (`Pretraining`, a task)."""
+    from vlkit.models.base import VLModel
+
+    while not isinstance(model, VLModel) and hasattr(model, "model"):
+        model = model.model
+    return model
+
+
+def read_init(init: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
+    """(config.json, its content) of ``init=``: a run's output_dir (``model/config.json``) or a model directory."""
+    from vlkit.models.base import CONFIG_NAME
+
+    root = Path(init)
+    for path in (root / "model" / CONFIG_NAME, root / CONFIG_NAME):
+        if path.is_file():
+            try:
+                meta = json.loads(path.read_text(encoding="utf-8"))
+                return path, {"name": meta["family"], **meta["config"]}
+            except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as err:
+                raise DataError(f"init={init}: {path} is not a vlkit model config ({type(err).__name__}: {err})") from err
+    if not root.exists():
+        raise DataError(f"init={init} does not exist")
+    raise DataError(f"init={init} is neither a vlkit run (no model/{CONFIG_NAME}) nor a saved model (no {CONFIG_NAME})")
+
+
+def mix_objectives(mix: Any) -> list[str]:
+    """The objective names of a mix (companions such as WRA included)."""
+    from vlkit.objectives.mix import load_mix
+    from vlkit.registry import OBJECTIVES
+
+    names = []
+    for name, options in load_mix(mix)["objectives"].items():
+        names.append(name)
+        names += [k for k in (options or {}) if k in OBJECTIVES.names()]
+    return names
+
+
+class Preflight:
+    """Collects the problems of a run before step 1 (see the module docstring); `finish` reports them."""
+
+    def __init__(self, samples: int = SAMPLES, full_eval: int = FULL_EVAL):
+        self.samples, self.full_eval = samples, full_eval
+        self.problems: list[str] = []
+        self.notes: dict[str, Any] = {}
+        self._skips: list[SkipLog] = []
+
+    def problem(self, text: str) -> None:
+        if text not in self.problems:
+            self.problems.append(text)
+
+    # -- the output folder -------------------------------------------------------------------------
+    def check_output_dir(self, output_dir: str | os.PathLike, resume: bool, key: str = "trainer.output_dir") -> None:
+        from vlkit.train import checkpoint as ckpt
+        from vlkit.train.trainer import CHECKPOINTS, METRICS_FILE
+
+        out = Path(output_dir)
+        if out.exists() and not out.is_dir():
+            self.problem(f"{key}={out} is a file, not a folder")
+            return
+        if not resume:
+            previous = ([out / METRICS_FILE] if (out / METRICS_FILE).exists() else []) + \
+                [p for _, p in ckpt.list_checkpoints(out / CHECKPOINTS)]
+            if previous:
+                saved = ckpt.list_checkpoints(out / CHECKPOINTS)
+                hint = "" if saved else " (it has no checkpoint: resume=true starts it again from step 0 in place)"
+                self.problem(f"{key}={out} already holds a run ({previous[0]}){hint}; pass resume=true to continue "
+                             f"it or choose another {key}")
+        parent = out
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if parent.exists() and not os.access(parent, os.W_OK | os.X_OK):
+            self.problem(f"{key}={out}: {parent} is not writable")
+
+    # -- init= ---------------------------------------------------------------------------------------
+    def check_init(self, init: str | os.PathLike | None, model_cfg: Mapping[str, Any],
+                   explicit: Iterable[str] = ()) -> dict[str, Any] | None:
+        """The model config ``init`` holds (None without ``init``); explicit ``model=`` / ``model.<field>=``
+        keys it would override are problems."""
+        if not init:
+            return None
+        try:
+            path, saved = read_init(init)
+        except DataError as err:
+            self.problem(str(err))
+            return None
+        explicit = set(explicit)
+        wanted = dict(model_cfg)
+        if "model" in explicit and wanted.get("name") != saved["name"]:
+            self.problem(f"model={wanted.get('name')} conflicts with init={init}, a {saved['name']} model ({path}): "
+                         f"drop model= (the model comes from init=) or give a {wanted.get('name')} run to init=")
+        for key in sorted(k for k in explicit if k.startswith("model.") and k != "model.name"):
+            field = key.split(".", 1)[1]
+            if field not in saved or wanted.get(field) != saved[field]:
+                self.problem(f"{key}={wanted.get(field)} is ignored with init={init}: the model comes from {path}"
+                             + (f" ({field}={saved[field]})" if field in saved else "") + f"; drop {key}")
+        return saved
+
+    # -- the objective mix ---------------------------------------------------------------------------
+    def check_mix(self, model: Any, mix: Any, image_source: Any = None) -> None:
+        from vlkit.objectives.base import IncompatibleObjective
+        from vlkit.registry import OBJECTIVES, UnknownNameError
+
+        model = _unwrap(model)
+        try:
+            names = mix_objectives(mix)
+        except (KeyError, TypeError, ValueError, FileNotFoundError) as err:
+            self.problem(f"objectives: {str(err).strip(chr(34) + chr(39))}")
+            return
+        store = _store_of(image_source)
+        for name in names:
+            try:
+                cls = OBJECTIVES.get(name)
+                cls.check(model)
+            except (UnknownNameError, IncompatibleObjective) as err:
+                self.problem(f"objectives: {str(err).strip(chr(34) + chr(39))}")
+                continue
+            if name in MRC_OBJECTIVES or getattr(cls, "needs_soft_labels", False):
+                if store is not None and not store.has_soft_labels:
+                    self.problem(f"objective {name!r} needs the detector's soft labels (cls_prob), but the feature "
+                                 f"store {store.path} has none; drop {name} from the mix or use a store with soft labels")
+                elif store is not None and getattr(model.config, "v_target_size", store.num_classes) != store.num_classes:
+                    self.problem(f"objective {name!r}: the feature store {store.path} has {store.num_classes} classes, "
+                                 f"the model's v_target_size is {model.config.v_target_size}")
+
+    @staticmethod
+    def check_task(task_cls: Any, model: Any) -> None:
+        """`IncompatibleTask` at once (naming the task and the family) when the model cannot serve the task:
+        nothing else about the run matters then."""
+        task_cls.check(_unwrap(model))
+
+    # -- the data ------------------------------------------------------------------------------------
+    def check_data(self, name: str, dataset: Any, model: Any, evaluation: bool = False) -> None:
+        """``dataset`` (an `ImageTextPairs`, an NLVR2 `ImagePairTexts` or a `RetrievalSet`) against ``model``."""
+        from vlkit.data.pairs import image_index
+
+        source = getattr(dataset, "image_source", None) or getattr(getattr(dataset, "pairs", None), "image_source", None)
+        if source is None:
+            return
+        model = _unwrap(model)
+        policy = getattr(getattr(dataset, "pairs", dataset), "on_error", getattr(source, "on_error", "raise"))
+        skips = getattr(getattr(dataset, "pairs", dataset), "skips", None)
+        if skips is None:
+            skips = getattr(source, "skips", None)
+        if skips is not None and skips not in self._skips:
+            self._skips.append(skips)
+        droppable = hasattr(dataset, "drop") and policy == "skip"
+        store = _store_of(source)
+        if (store is not None) != (model.image_input == "regions"):
+            kind = "region features" if store is not None else "pixels"
+            self.problem(f"{name} data gives {kind}, {model.family} takes {model.image_input}")
+            return
+        if store is not None:
+            try:
+                dim = model.get_region_projection().in_features
+            except TypeError:
+                dim = None
+            if dim is not None and dim != store.feature_dim:
+                self.problem(f"{name} data: the feature store {store.path} holds {store.feature_dim}-d features, the "
+                             f"{model.family} model takes {dim}-d (v_feature_size); extract with the detector the model "
+                             "was trained on, or train a model on this store")
+                return
+        if not hasattr(dataset, "image_ids"):  # a stream (data=shards): its images are validated as they are read
+            self.notes[name] = {"streamed": str(getattr(dataset, "path", "")), "images_validated": 0}
+            return
+        image_ids = dataset.image_ids() if callable(getattr(dataset, "image_ids", None)) else list(dataset.image_ids)
+        example_ids = dataset.example_ids() if callable(getattr(dataset, "example_ids", None)) else list(image_ids)
+        index, where = image_index(source)
+        bad: dict[str, str] = {}  # image id -> reason
+        if index is not None:
+            for image_id in dict.fromkeys(image_ids):
+                if image_id not in index:
+                    bad[image_id] = f"image {image_id!r} is not in the {where}"
+        checked = [i for i in dict.fromkeys(image_ids) if i not in bad] if index is not None else []
+        limit = self.full_eval if evaluation else self.samples  # generated images (shapes) need no check
+        for image_id in sample_evenly(checked, limit):
+            try:
+                source(image_id)
+            except (DataError, KeyError, OSError, RuntimeError) as err:
+                bad[image_id] = str(err).strip("'\"") if isinstance(err, KeyError) else str(err)
+        self.notes[name] = {"examples": len(example_ids), "images": len(set(image_ids)),
+                            "images_validated": min(len(checked), limit),
+                            "images_checked_against_index": index is not None}
+        truncated = getattr(getattr(dataset, "pairs", dataset), "truncated", None)
+        if truncated:
+            worst = max(truncated, key=lambda t: t[1])
+            self.notes[name]["truncated_texts"] = {"count": len(truncated), "longest": {"id": worst[0], "tokens": worst[1]}}
+        if not bad:
+            return
+        culprits = [(e, i) for e, i in zip(example_ids, image_ids) if i in bad]
+        if droppable:
+            for example_id, image_id in culprits:
+                skips.add("example", example_id, bad[image_id], image_id=image_id)
+            dataset.drop([e for e, _ in culprits])
+            self.notes[name]["skipped"] = len({e for e, _ in culprits})
+            return
+        missing = [i for i, r in bad.items() if r.endswith(f"not in the {where}")]
+        invalid = {i: r for i, r in bad.items() if i not in missing}
+        examples = [e for e, i in culprits if i in missing]
+        hint = "" if policy == "skip" else " (data.on_error=skip leaves such examples out)"
+        if missing:
+            self.problem(f"{name} data: {len(examples)} example(s) name {len(missing)} image(s) missing from the "
+                         f"{where}: images {first(missing)}; examples {first(examples)}{hint}")
+        for image_id, reason in list(invalid.items())[:5]:
+            self.problem(f"{name} data: {reason}")
+        if len(invalid) > 5:
+            self.problem(f"{name} data: {len(invalid) - 5} more invalid image(s): {first(list(invalid)[5:])}")
+
+    # -- the report ----------------------------------------------------------------------------------
+    def finish(self, output_dir: str | os.PathLike | None = None) -> None:
+        """Raise `PreflightError` with every problem; else delete the temporary files a killed run left in
+        ``output_dir``, bind the skip logs to ``<output_dir>/skipped.jsonl`` and write ``<output_dir>/preflight.json``."""
+        if self.problems:
+            raise PreflightError(self.problems)
+        if output_dir is None:
+            return
+        from vlkit.io import atomic_write_text, remove_orphans
+
+        out = Path(output_dir)
+        for name in RUN_FILES:  # temporary files of a killed earlier run in this folder
+            remove_orphans(out / name)
+        for skips in self._skips:
+            skips.bind(out / SKIPPED_FILE)
+        skipped: dict[str, int] = {}
+        for skips in self._skips:
+            for kind, n in skips.summary().items():
+                skipped[kind] = skipped.get(kind, 0) + n
+        report = {"data": self.notes, "skipped": skipped, "samples": self.samples, "full_eval": self.full_eval}
+        atomic_write_text(out / PREFLIGHT_FILE, json.dumps(report, indent=2, sort_keys=True))
+
+
+def _store_of(source: Any) -> Any:
+    inner = getattr(source, "source", source)
+    return getattr(inner, "store", None)
+
+
+__all__ = ["Preflight", "PreflightError", "PREFLIGHT_FILE", "read_init", "mix_objectives"]
