@@ -73,3 +73,17 @@ def test_every_runnable_block_runs_as_pasted(page, tmp_path):
         proc = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, f"{page.name}, runnable block {i + 1} ({lang}) failed:\n{code}\n" \
                                      f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+
+
+def test_the_readmes_links_into_the_documentation_resolve():
+    """`mkdocs build --strict` checks the pages' own links; the README's links into docs/ are checked here."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\((docs/[^)#\s]+)(?:#([^)\s]+))?\)", readme)
+    assert len(links) >= 10
+    for target, anchor in links:
+        page = ROOT / target
+        assert page.is_file(), f"README.md links to {target}, which does not exist"
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", page.read_text(encoding="utf-8"), flags=re.M)
+            slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+            assert anchor in slugs, f"README.md links to {target}#{anchor}, which has no such heading"
