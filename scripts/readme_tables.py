@@ -1,13 +1,15 @@
-"""Write README.md's comparison tables from real runs, so that every figure there can be regenerated.
+"""Write the comparison tables of the documentation from real runs, so that every figure there can be
+regenerated.
 
-    python scripts/readme_tables.py default             # runs `vlkit compare` (cold cache), then updates README
+    python scripts/readme_tables.py default             # runs `vlkit compare` (cold cache), then updates its page
     python scripts/readme_tables.py claims              # the same for compare=claims
     python scripts/readme_tables.py default --from outputs/readme/default   # reuse a finished run's results
 
-Each comparison's block in README.md lies between ``<!-- BEGIN compare:NAME -->`` and ``<!-- END compare:NAME -->``
-and holds the command, the wall time of the whole command (cold feature cache unless ``--cache-dir`` is
-given), the git commit and the report `vlkit compare` wrote (``results.md`` without its title). The
-comparison's ``metrics.png`` is copied to ``docs/compare_<NAME>_metrics.png``.
+Each comparison's block lies on its own page, ``docs/compare-<NAME>.md``, between ``<!-- BEGIN compare:NAME -->``
+and ``<!-- END compare:NAME -->``, and holds the command, the wall time of the whole command (cold feature
+cache unless ``--cache-dir`` is given), the git commit and the report `vlkit compare` wrote (``results.md``
+without its title). The comparison's ``metrics.png`` is copied beside the page, to
+``docs/compare_<NAME>_metrics.png``.
 """
 from __future__ import annotations
 
@@ -22,7 +24,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+
+
+def page(name: str) -> Path:
+    """The documentation page that holds comparison ``name``'s block."""
+    return DOCS / f"compare-{name}.md"
 
 
 def run_comparison(name: str, output: Path, cache_dir: Path | None) -> float:
@@ -41,24 +48,25 @@ def run_comparison(name: str, output: Path, cache_dir: Path | None) -> float:
 def block(name: str, output: Path, wall: float | None) -> str:
     manifest = json.loads((output / "manifest.json").read_text())
     report = (output / "results.md").read_text().split("\n", 2)[2].strip()  # without the title line
-    report = re.sub(r"^## ", "#### ", report, flags=re.M)
+    report = re.sub(r"^#+ ", "## ", report, flags=re.M)  # sections of the page
     wall_text = f"{wall:.0f} s wall for the whole command" if wall is not None else \
         f"{manifest['wall_s']:.0f} s of comparison (reused results)"
-    figure = f"docs/compare_{name}_metrics.png"
+    figure = f"compare_{name}_metrics.png"  # beside the page
     return "\n".join([
         f"`vlkit compare compare={name}`: {wall_text}, commit `{(manifest.get('git_commit') or 'unknown')[:12]}`, "
         f"torch {manifest['packages'].get('torch')}, written by `python scripts/readme_tables.py {name}`.", "",
         report, "", f"![{name} metrics]({figure})"])
 
 
-def update_readme(name: str, text: str) -> None:
+def update_page(name: str, text: str) -> None:
     begin, end = f"<!-- BEGIN compare:{name} -->", f"<!-- END compare:{name} -->"
-    readme = README.read_text()
-    if begin not in readme or end not in readme:
-        raise SystemExit(f"README.md has no {begin} ... {end} block")
-    head, rest = readme.split(begin, 1)
+    path = page(name)
+    current = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if begin not in current or end not in current:
+        raise SystemExit(f"{path.relative_to(ROOT)} has no {begin} ... {end} block")
+    head, rest = current.split(begin, 1)
     _, tail = rest.split(end, 1)
-    README.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
+    path.write_text(f"{head}{begin}\n{text}\n{end}{tail}", encoding="utf-8")
 
 
 def main() -> None:
@@ -75,10 +83,9 @@ def main() -> None:
         if output.exists():
             raise SystemExit(f"{output} exists: pass --from {output} to reuse it, or remove it")
         wall = run_comparison(args.name, output, args.cache_dir)
-    (ROOT / "docs").mkdir(exist_ok=True)
-    shutil.copyfile(output / "metrics.png", ROOT / "docs" / f"compare_{args.name}_metrics.png")
-    update_readme(args.name, block(args.name, output, wall))
-    print(f"README.md: compare:{args.name} block written from {output}")
+    update_page(args.name, block(args.name, output, wall))
+    shutil.copyfile(output / "metrics.png", DOCS / f"compare_{args.name}_metrics.png")
+    print(f"{page(args.name).relative_to(ROOT)}: compare:{args.name} block written from {output}")
 
 
 if __name__ == "__main__":

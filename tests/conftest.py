@@ -17,6 +17,19 @@ torch.set_num_threads(1)
 FAMILIES = ("vilbert", "uniter", "meter")
 
 
+def pytest_configure(config):
+    """CI tests the installed wheel: ``VLKIT_FORBID_SOURCE=<checkout>`` fails the run if vlkit comes from there."""
+    forbidden = os.environ.get("VLKIT_FORBID_SOURCE")
+    if forbidden:
+        from pathlib import Path
+
+        import vlkit
+
+        if Path(forbidden).resolve() in Path(vlkit.__file__).resolve().parents:
+            raise pytest.UsageError(f"vlkit is imported from {vlkit.__file__}, inside {forbidden}, not from the "
+                                    "installed package")
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -61,7 +61,12 @@ def _file_options(overrides: list[str], search_dir: Path) -> list[str]:
         if sep and key in GROUPS and path.suffix in (".yaml", ".yml") and path.is_file():
             option = f"file_{len(out)}_{path.stem}"
             (search_dir / key).mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, search_dir / key / f"{option}.yaml")
+            if key == "compare":  # a list of runs or a partial comparison merges over the default one
+                from vlkit.compare.config import comparison_file
+
+                (search_dir / key / f"{option}.yaml").write_text(comparison_file(path), encoding="utf-8")
+            else:
+                shutil.copyfile(path, search_dir / key / f"{option}.yaml")
             override = f"{key}={option}"
         out.append(override)
     return out
@@ -269,13 +274,18 @@ def _usage() -> str:
     lines = ["usage: vlkit <command> [key=value ...]", "", "commands:"]
     lines += [f"  {name:<18} {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "A command's keys and choices: vlkit <command> --help. Its composed config: vlkit <command> --cfg",
-              "Errors print one paragraph; VLKIT_DEBUG=1 prints the full traceback."]
+              "Errors print one paragraph; VLKIT_DEBUG=1 prints the full traceback. vlkit --version: the version."]
     return "\n".join(lines)
 
 
 # -- running -----------------------------------------------------------------------------------------
 def run(argv: list[str]) -> int:
     """Run ``vlkit <argv>``; errors are raised (`console` prints them)."""
+    if argv[:1] in (["--version"], ["-V"]):
+        from vlkit import __version__
+
+        print(f"vlkit {__version__}")
+        return 0
     if not argv or argv[0] in ("-h", "--help", "help"):
         if len(argv) > 1 and argv[0] == "help" and argv[1] in COMMANDS:
             print(command_help(argv[1]))

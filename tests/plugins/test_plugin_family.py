@@ -19,7 +19,7 @@ from vlkit.cli import main
 from vlkit.train import TrainerConfig
 
 PACKAGE = Path(__file__).resolve().parent / "vlkit_vilt"
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
 
 
 @pytest.fixture(scope="module")
@@ -120,11 +120,9 @@ def test_smoke_comparison_next_to_uniter_in_spawned_workers(plugin, cache, tmp_p
         "options"].get("num_negatives") != 2
 
 
-def test_readme_shows_the_complete_plugin():
-    """The README's "Add your own family" section carries this package's module and entry point verbatim."""
-    text = README.read_text()
-    section = text[text.index("## Add your own family"):]
-    section = section[:section.index("\n## ", 1)]
-    blocks = re.findall(r"```(\w+)\n(.*?)```", section, flags=re.S)
+def test_the_documentation_shows_the_complete_plugin():
+    """docs/plugins.md carries this package's module and its complete pyproject.toml verbatim (the
+    documentation test installs the package from them as pasted)."""
+    blocks = re.findall(r"```(\w+)\n(.*?)```", PAGE.read_text(encoding="utf-8"), flags=re.S)
     assert (PACKAGE / "vlkit_vilt.py").read_text() in [code for lang, code in blocks if lang == "python"]
-    assert '[project.entry-points."vlkit.plugins"]\nvilt = "vlkit_vilt"' in section
+    assert (PACKAGE / "pyproject.toml").read_text() in [code for lang, code in blocks if lang == "toml"]

@@ -64,3 +64,12 @@ def test_a_bug_keeps_its_traceback(monkeypatch, vlkit_console):
     monkeypatch.setattr(vlkit.cli, "compose", broken)
     code, _, err = vlkit_console("make-shapes", "out=x")
     assert code == 1 and "Traceback" in err and "this looks like a bug in vlkit (AttributeError)" in err
+
+
+def test_version(vlkit_console):
+    from importlib.metadata import version
+
+    import vlkit
+
+    code, out, err = vlkit_console("--version")
+    assert (code, out, err) == (0, f"vlkit {vlkit.__version__}\n", "") and vlkit.__version__ == version("vlkit")

@@ -44,6 +44,47 @@ def resolve_config(cfg: Any) -> dict[str, Any]:
     return cfg
 
 
+def comparison_file(path: str | Path) -> str:
+    """A comparison file of the user's (``compare=<path.yaml>``) as the text of a ``compare`` group option.
+
+    Three layouts are read: a list of runs (``- {name: ..., model: ...}``) or the ``compare:`` node alone
+    (``runs:``, ``seeds:``, ``budget:`` ... at the top), both merged over the default comparison
+    (``conf/compare/default.yaml``) unless the node names its own ``defaults:``; or a shipped preset's
+    layout (``compare:`` / ``data:`` at the top, its own ``defaults:``). Anything else raises `ValueError`
+    naming the file."""
+    import yaml
+
+    from vlkit.cli import CONF_DIR
+
+    path = Path(path)
+    try:
+        body = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ValueError(f"comparison file {path}: not valid YAML ({err})") from None
+    if isinstance(body, list):
+        body = {"defaults": ["default", "_self_"], "compare": {"runs": body}}
+    elif not isinstance(body, dict):
+        raise ValueError(f"comparison file {path}: expected a list of runs or a mapping (runs:, seeds:, budget: "
+                         f"...), found {type(body).__name__}")
+    elif not {"compare", "data"} & set(body):
+        known = set()
+        for preset in (CONF_DIR / "compare").glob("*.yaml"):
+            known |= set((yaml.safe_load(preset.read_text(encoding="utf-8")) or {}).get("compare") or {})
+        unknown = sorted(set(body) - known - {"defaults"})
+        if unknown:
+            raise ValueError(f"comparison file {path}: unknown key(s) {', '.join(map(str, unknown))}; a comparison "
+                             f"sets {', '.join(sorted(known))}")
+        body = {"defaults": body.pop("defaults", ["default", "_self_"]), "compare": body}
+    runs = (body.get("compare") or {}).get("runs") or []
+    if not isinstance(runs, list):
+        raise ValueError(f"comparison file {path}: runs must be a list of runs, found {type(runs).__name__}")
+    for i, run in enumerate(runs):
+        if not isinstance(run, dict) or not {"name", "model"} <= set(run):
+            raise ValueError(f"comparison file {path}: runs[{i}] = {run!r} needs at least 'name' and 'model' "
+                             "(e.g. {name: uniter, model: {name: uniter, preset: tiny}, objectives: uniter})")
+    return "# @package _global_\n" + yaml.safe_dump(body, sort_keys=False)
+
+
 def run_specs(compare: dict[str, Any]) -> list[RunSpec]:
     specs = []
     for entry in compare["runs"]:

@@ -10,12 +10,14 @@ def read_answers(path: str | Path) -> list[str]:
     """VQA answer strings in label order from a JSON list, or a JSON / pickle ``{answer: label}`` map or
     ``[answer, ...]`` list (the official ``ans2label`` / ``label2ans`` files; pickles through the restricted
     unpickler)."""
+    from vlkit.convert.sources import check_released
     from vlkit.io import safe_pickle_load
 
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"answers file {path} not found")
-    values: Any = json.loads(path.read_text()) if path.suffix == ".json" else safe_pickle_load(path)
+    path = check_released(path, "answers file")
+    try:
+        values: Any = json.loads(path.read_text()) if path.suffix == ".json" else safe_pickle_load(path)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not a readable JSON answers file ({err})") from None
     if isinstance(values, dict):
         labels = sorted(values.items(), key=lambda kv: int(kv[1]))
         if [int(v) for _, v in labels] != list(range(len(labels))):

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vlkit.convert.sources import check_released
 from vlkit.io import safe_pickle_load, torch_load_weights
 
 _PRED = "roi_heads.box_predictor."
@@ -66,9 +67,7 @@ class ConversionReport:
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Tensor]:
     """The flat ``name -> tensor`` dict of a ``.pkl`` (restricted unpickler) or ``.pth`` (weights_only)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: detector checkpoint not found")
+    path = check_released(path, "detector checkpoint")
     if path.suffix == ".pkl":
         obj = safe_pickle_load(path)
     else:

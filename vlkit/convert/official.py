@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from vlkit.convert.detector import ConversionReport
+from vlkit.convert.sources import check_released, known_file
 
 PRETRAINING = "pretraining"
 MODEL = "model"  # a checkpoint without any head: the bare model
@@ -124,7 +125,10 @@ def _torch_load(path: Path) -> Any:
             f"{path}: refused: {_refusal(err)}; vlkit reads checkpoints with torch.load(weights_only=True) and never "
             "runs pickled code (re-save the state dict as safetensors in an environment you trust)") from None
     except (RuntimeError, EOFError, OSError, ValueError) as err:
-        raise ConversionError(f"{path}: not a readable torch checkpoint ({str(err).splitlines()[0][:200]})") from None
+        detail = next(iter(str(err).splitlines()), "")[:200] or type(err).__name__
+        known = known_file(path.name)
+        again = f"; download it again from {known.source}" if known else ""
+        raise ConversionError(f"{path}: not a readable torch checkpoint, truncated or not a checkpoint ({detail}){again}") from None
 
 
 def read_official(source: str | os.PathLike | Mapping[str, Any]) -> tuple[dict[str, Tensor], dict[str, Any], str]:
@@ -139,14 +143,16 @@ def read_official(source: str | os.PathLike | Mapping[str, Any]) -> tuple[dict[s
         obj: Any = dict(source)
         name = "<state dict>"
     else:
-        path = Path(source)
+        path = check_released(source, "checkpoint")
         name = str(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: checkpoint not found")
         if path.suffix == ".safetensors":
+            from safetensors import SafetensorError
             from safetensors.torch import load_file
 
-            obj = load_file(str(path))
+            try:
+                obj = load_file(str(path))
+            except SafetensorError as err:
+                raise ConversionError(f"{path}: not a readable safetensors file ({err})") from None
         elif path.suffix in CHECKPOINT_SUFFIXES:
             obj = _torch_load(path)
         else:
@@ -391,17 +397,15 @@ def read_config(config: Mapping[str, Any] | str | os.PathLike | None) -> dict[st
         return {}
     if isinstance(config, Mapping):
         return dict(config)
-    path = Path(config)
-    if not path.is_file():
-        raise FileNotFoundError(f"config {path} not found")
-    if path.suffix == ".json":
-        import json
+    import json
 
-        values = json.loads(path.read_text())
-    else:
-        import yaml
+    import yaml
 
-        values = yaml.safe_load(path.read_text())
+    path = check_released(config, "config")
+    try:
+        values = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
+    except (ValueError, yaml.YAMLError) as err:
+        raise ConversionError(f"{path}: not a readable config ({err})") from None
     if not isinstance(values, Mapping):
         raise ConversionError(f"{path}: a config file must hold a mapping of keys to values")
     return dict(values)

@@ -1,0 +1,112 @@
+"""The released files the converters take, where their publishers give them, and the check every file
+passes before it is read: an empty file, or a known file whose size or sha256 differs from the
+publisher's, is refused naming its path (a truncated download otherwise fails deep inside
+``torch.load`` without saying which file).
+
+`RELEASED_FILES` is a registry keyed by file name; a plugin (or a user with a mirror that publishes
+checksums) adds entries with `register_released_file`. Sizes and hashes are filled in only where the
+publisher gives them: none of the official READMEs below does, so today only the emptiness check and
+the readers' own errors apply to them.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from vlkit.registry import Registry
+
+
+@dataclass(frozen=True)
+class ReleasedFile:
+    """One file as its publisher releases it."""
+
+    name: str  # the released file name
+    family: str  # vilbert | uniter | meter | detector
+    what: str  # what it holds and which `vlkit convert` argument takes it
+    source: str  # the download URL or source page, as the official README gives it
+    origin: str  # where that is written (repository and file)
+    size: int | None = None  # bytes, where the publisher gives it
+    sha256: str | None = None  # hex digest, where the publisher gives it
+
+
+RELEASED_FILES = Registry("released file")
+
+
+def register_released_file(entry: ReleasedFile, override: bool = False) -> ReleasedFile:
+    return RELEASED_FILES.register(entry.name, override=override)(entry)
+
+
+def known_file(name: str) -> ReleasedFile | None:
+    return RELEASED_FILES.get(name) if name in RELEASED_FILES else None
+
+
+def check_released(path: str | os.PathLike, what: str = "file") -> Path:
+    """``path`` if it exists, is not empty and, when its name is a known release with a published size or
+    sha256, has them; otherwise `ValueError` (`FileNotFoundError` when absent) naming the path."""
+    from vlkit.io import sha256_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: {what} not found")
+    known = known_file(path.name)
+    again = f"; download it again from {known.source}" if known else ""
+    size = path.stat().st_size
+    if size == 0:
+        raise ValueError(f"{path}: the {what} is empty (0 bytes){again}")
+    if known and known.size is not None and size != known.size:
+        raise ValueError(f"{path}: {size:,} bytes where the released {known.name} has {known.size:,} "
+                         f"(truncated or another file){again}")
+    if known and known.sha256 is not None and sha256_file(path) != known.sha256.lower():
+        raise ValueError(f"{path}: sha256 differs from the released {known.name}'s {known.sha256}{again}")
+    return path
+
+
+VILBERT = "facebookresearch/vilbert-multi-task"
+_FB = "https://dl.fbaipublicfiles.com/vilbert-multi-task"
+UNITER = "ChenRocks/UNITER"
+METER = "zdou0830/METER"
+_METER = "https://github.com/zdou0830/METER/releases/download"
+for _entry in (
+    ReleasedFile("pretrained_model.bin", "vilbert", "ViLBERT pre-trained on Conceptual Captions (`src=`)",
+                 f"{_FB}/pretrained_model.bin", f"{VILBERT} README.md"),
+    ReleasedFile("multi_task_model.bin", "vilbert", "12-in-1 multi-task ViLBERT, every task head (`src=`, `task=`)",
+                 f"{_FB}/multi_task_model.bin", f"{VILBERT} README.md"),
+    ReleasedFile("bert_base_6layer_6conect.json", "vilbert", "the model config of both files (`config=`)",
+                 f"https://github.com/{VILBERT}/blob/master/config/bert_base_6layer_6conect.json",
+                 f"{VILBERT} config/ (named by README.md's commands)"),
+    ReleasedFile("trainval_label2ans.pkl", "vilbert", "VQA answers in label order (`answers=`)",
+                 f"{_FB}/datasets.tar.gz (the VQA data root's cache/ folder)", f"{VILBERT} data/README.md"),
+    ReleasedFile("uniter-base.pt", "uniter", "UNITER-base pre-trained (`src=`)",
+                 "https://convaisharables.blob.core.windows.net/uniter/pretrained/uniter-base.pt",
+                 f"{UNITER} scripts/download_pretrained.sh"),
+    ReleasedFile("uniter-large.pt", "uniter", "UNITER-large pre-trained (`src=`)",
+                 "https://convaisharables.blob.core.windows.net/uniter/pretrained/uniter-large.pt",
+                 f"{UNITER} scripts/download_pretrained.sh"),
+    ReleasedFile("uniter-base.json", "uniter", "the UNITER-base model config (`config=`)",
+                 f"https://github.com/{UNITER}/blob/master/config/uniter-base.json",
+                 f"{UNITER} README.md (--model_config)"),
+    ReleasedFile("nlvr-base.tar", "uniter", "UNITER-base fine-tuned on NLVR2 (a training folder; its ckpt/*.pt go to `src=`)",
+                 "https://acvrpublicycchen.blob.core.windows.net/uniter/finetune/nlvr-base.tar",
+                 f"{UNITER} scripts/download_nlvr2.sh"),
+    *(ReleasedFile(f"meter_{name}.ckpt", "meter", f"METER-{what} (`src=`)", f"{_METER}/{tag}/meter_{name}.ckpt",
+                   f"{METER} README.md")
+      for name, tag, what in (
+          ("clip16_288_roberta_pretrain", "checkpoint", "CLIP16-RoBERTa pre-trained, 288 px"),
+          ("clip16_224_roberta_pretrain", "checkpoint2", "CLIP16-RoBERTa pre-trained, 224 px"),
+          ("swinbase_384_roberta_pretrain", "checkpoint2", "SwinBase-RoBERTa pre-trained, 384 px"),
+          ("clip16_288_roberta_vqa", "checkpoint", "CLIP16-RoBERTa fine-tuned on VQAv2, 576 px"),
+          ("clip16_288_roberta_nlvr2", "checkpoint", "CLIP16-RoBERTa fine-tuned on NLVR2, 288 px"),
+          ("clip16_288_roberta_snli", "checkpoint", "CLIP16-RoBERTa fine-tuned on SNLI-VE, 384 px"),
+          ("clip16_288_roberta_flickr", "checkpoint", "CLIP16-RoBERTa fine-tuned on Flickr30k IR/TR, 384 px"),
+          ("clip16_288_roberta_coco", "checkpoint", "CLIP16-RoBERTa fine-tuned on COCO IR/TR, 384 px"))),
+    ReleasedFile("faster_rcnn_from_caffe_attr.pkl", "detector",
+                 "BUTD Faster R-CNN R101 with attributes, converted from Caffe (`detector=butd weights=`)",
+                 "https://nlp1.cs.unc.edu/models/faster_rcnn_from_caffe_attr.pkl",
+                 "airsplay/py-bottom-up-attention README.md"),
+    ReleasedFile("bua-caffe-frcn-r101-k10-100.pth", "detector",
+                 "BUTD Faster R-CNN R101, K=[10,100], converted from Caffe (`detector=butd weights=`)",
+                 "https://awma1-my.sharepoint.com/:u:/g/personal/yuz_l0_tn/EaXvCC3WjtlLvvEfLr3oa8UBLA21tcLh4L8YLbYXl6jgjg?e=SFMoeu",
+                 "MILVLG/bottom-up-attention.pytorch README.md (Pre-trained models)"),
+):
+    register_released_file(_entry)
