@@ -162,12 +162,17 @@ def _ended(progress: Progress, comparison: Comparison, unit: Any, state: str, no
 
 
 def unit_states(comparison: Comparison) -> list[tuple[str, str, dict[str, Any] | None]]:
-    """(key, status, state) of every unit of the comparison, in start order (see `units.status`)."""
-    out = []
-    for unit in comparison.all_units():
+    """(key, status, state) of every unit of the comparison, in start order (see `units.status`; a unit that
+    never started because the unit it depends on did not finish is ``skipped``)."""
+    out, seen = [], {}
+    for unit in comparison.all_units():  # a unit comes after the one it depends on
         key = comparison.key(unit)
         state = UnitFolder(comparison.unit_dir(unit), key).read()
-        out.append((key, status(state, config_hash(comparison.unit_config(unit))), state))
+        seen[key] = status(state, config_hash(comparison.unit_config(unit)))
+        parent = unit.depends_on() and comparison.key(unit.depends_on())
+        if seen[key] == "missing" and parent and seen[parent] in ("failed", "died", "skipped"):
+            seen[key], state = "skipped", {"error": f"after {parent}"}
+        out.append((key, seen[key], state))
     return out
 
 
@@ -187,7 +192,7 @@ def report_from_folder(comparison: Comparison, wall: float | None = None) -> str
     for _, st, _ in states:
         counts[st] = counts.get(st, 0) + 1
     summary = ", ".join(f"{n} {st}" for st, n in sorted(counts.items()))
-    rows = [[key, st, (s or {}).get("error", "") if st in ("failed", "died") else
+    rows = [[key, st, (s or {}).get("error", "") if st in ("failed", "died", "skipped") else
              (time.strftime("%Y-%m-%d %H:%M", time.localtime(s["started"])) + f" on {s.get('host')}"
               if st == "running" else "")] for key, st, s in states if st != "finished"]
     units_md = f"# Units of {output_dir}\n\n{len(states)} units: {summary}.\n\n" + \
