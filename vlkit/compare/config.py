@@ -67,7 +67,7 @@ def comparison_file(path: str | Path) -> str:
         raise ValueError(f"comparison file {path}: expected a list of runs or a mapping (runs:, seeds:, budget: "
                          f"...), found {type(body).__name__}")
     elif not {"compare", "data"} & set(body):
-        known = set()
+        known = set(yaml.safe_load((CONF_DIR / "compare.yaml").read_text(encoding="utf-8"))["compare"])  # executors ...
         for preset in (CONF_DIR / "compare").glob("*.yaml"):
             known |= set((yaml.safe_load(preset.read_text(encoding="utf-8")) or {}).get("compare") or {})
         unknown = sorted(set(body) - known - {"defaults"})
