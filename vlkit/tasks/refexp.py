@@ -30,14 +30,9 @@ from torch import Tensor
 from vlkit.models.base import VLModel
 from vlkit.models.layers import MASK_VALUE
 from vlkit.registry import register_task
-<<<<<<< HEAD
-from vlkit.tasks.base import IncompatibleTask, Task, TaskData, eval_batches, gather
+from vlkit.tasks.base import IncompatibleTask, Task, TaskData, eval_batches, gather, world_needed
 from vlkit.tasks.metrics import (IOU_BOXES, IOU_COMPARISONS, REFEXP_DEFAULT, REFEXP_OFFICIAL, refexp_accuracy,
                                  refexp_hits, refexp_iou)
-=======
-from vlkit.tasks.base import IncompatibleTask, Task, TaskData, eval_batches, gather, world_needed
-from vlkit.tasks.metrics import paired_box_iou, refexp_accuracy
->>>>>>> issue21b
 from vlkit.types import LossOutput, VLBatch
 
 __all__ = ["IncompatibleTask", "LOSSES", "RefExp", "region_ious"]

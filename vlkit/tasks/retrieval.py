@@ -34,13 +34,8 @@ from torch import Tensor, nn
 from vlkit.models.base import VLModel
 from vlkit.models.layers import masked_mean
 from vlkit.registry import HEADS, MODELS, register_task
-<<<<<<< HEAD
-from vlkit.tasks.base import Task, TaskData, eval_batches
-from vlkit.tasks.metrics import RETRIEVAL_TIES, recall_at_k
-=======
 from vlkit.tasks.base import Task, TaskData, eval_batches, world_needed
-from vlkit.tasks.metrics import recall_at_k
->>>>>>> issue21b
+from vlkit.tasks.metrics import RETRIEVAL_TIES, recall_at_k
 from vlkit.types import Encoded, LossOutput, VLBatch, VLOutput
 
 RECIPES = ("multiple_choice", "hard_negatives", "softmax")
