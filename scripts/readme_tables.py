@@ -4,6 +4,7 @@ regenerated.
     python scripts/readme_tables.py default             # runs `vlkit compare` (cold cache), then updates its page
     python scripts/readme_tables.py claims              # the same for compare=claims
     python scripts/readme_tables.py default --from outputs/readme/default   # reuse a finished run's results
+    python scripts/readme_tables.py plans               # the dry-run plans of docs/cluster.md (and README's summary)
 
 Each comparison's block lies on its own page, ``docs/compare-<NAME>.md``, between ``<!-- BEGIN compare:NAME -->``
 and ``<!-- END compare:NAME -->``, and holds the command, the wall time of the whole command (cold feature
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -59,14 +61,72 @@ def block(name: str, output: Path, wall: float | None) -> str:
 
 
 def update_page(name: str, text: str) -> None:
-    begin, end = f"<!-- BEGIN compare:{name} -->", f"<!-- END compare:{name} -->"
-    path = page(name)
+    update_block(page(name), f"compare:{name}", text)
+
+
+def update_block(path: Path, marker: str, text: str) -> None:
+    """Replace what lies between ``<!-- BEGIN marker -->`` and ``<!-- END marker -->`` in ``path``."""
+    begin, end = f"<!-- BEGIN {marker} -->", f"<!-- END {marker} -->"
     current = path.read_text(encoding="utf-8") if path.is_file() else ""
     if begin not in current or end not in current:
         raise SystemExit(f"{path.relative_to(ROOT)} has no {begin} ... {end} block")
     head, rest = current.split(begin, 1)
     _, tail = rest.split(end, 1)
     path.write_text(f"{head}{begin}\n{text}\n{end}{tail}", encoding="utf-8")
+
+
+def vlkit(*args: str, cwd: Path = ROOT) -> str:
+    """The standard output of ``vlkit ARGS`` (raises when it fails)."""
+    done = subprocess.run([sys.executable, "-m", "vlkit.cli", *args], check=True, cwd=cwd, capture_output=True, text=True)
+    return done.stdout
+
+
+BASE_RUNS = """# @package _global_
+defaults:
+  - base
+  - _self_
+compare:
+  runs:
+    - {{name: vilbert, model: {{name: vilbert, preset: base}}, objectives: vilbert}}
+    - {{name: uniter, model: {{name: uniter, preset: base}}, objectives: uniter}}
+    - {{name: meter, model: {{name: meter, preset: clip16-roberta}}, objectives: meter,
+       data: {{image: {{source: folder, path: {images}}}}}}}
+"""
+
+
+def plans(cache_dir: Path | None) -> None:
+    """The dry-run plans of the default comparison and of the base-size one on files in COCO's (Karpathy)
+    format with a BUTD-style feature store, measured here; written to docs/cluster.md and README.md."""
+    work = Path(tempfile.mkdtemp(prefix="vlkit-plans-"))
+    cache = cache_dir or work / "cache"
+    default = vlkit("compare", "compare=default", "dry_run=true", f"cache_dir={cache}")
+    data = work / "coco"
+    vlkit("make-shapes", f"out={data}", "num_images=200", "val_images=40", "test_images=40")
+    vlkit("extract-features", f"images={data / 'images'}", f"out={data / 'feats.h5'}", "device=cpu", "progress=false")
+    runs = work / "base_runs.yaml"
+    runs.write_text(BASE_RUNS.format(images=data / "images"))
+    base_args = [f"compare={runs}", "data=coco", f"data.path={data / 'dataset_shapes.json'}", "data.split=[train]",
+                 f"data.image.path={data / 'feats.h5'}", "data.tokenizer=shapes", "dry_run=true",
+                 "compare.gpus_per_unit=8", "compare.slurm.nodes=1", "compare.slurm.array_parallelism=16",
+                 "compare.probe.steps=1", "compare.probe.batch_size=8", f"cache_dir={cache}"]
+    base = vlkit("compare", *base_args)
+    shown = " ".join(a for a in base_args if not a.startswith(("cache_dir=", "data.path=", "data.image.path=", "compare=")))
+    texts = {"default": ("vlkit compare compare=default dry_run=true", default),
+             "base": (f"vlkit compare compare=my_base.yaml {shown} data.path=DATA_DIR/dataset_coco.json "
+                      "data.image.path=DATA_DIR/feats.h5", base)}
+    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"  # the probes share the machine
+    summary = []
+    for name, (command, out) in texts.items():
+        update_block(DOCS / "cluster.md", f"plan:{name}", "\n".join([
+            f"`{command}` (commit `{commit}`, {load}, written by `python scripts/readme_tables.py plans`):", "",
+            "```text",
+            out.strip(), "```"]))
+        summary.append(f"- `{name}`: " + next(line for line in out.splitlines() if line.startswith("Estimated cost")))
+    update_block(ROOT / "README.md", "plan-summary", "Measured here (2 CPU cores), written by "
+                 f"`python scripts/readme_tables.py plans` at commit `{commit}`:\n\n" + "\n".join(summary))
+    shutil.rmtree(work, ignore_errors=True)
+    print("docs/cluster.md and README.md: plans written")
 
 
 def main() -> None:
@@ -76,6 +136,8 @@ def main() -> None:
     parser.add_argument("--output", type=Path, help="where to run the comparison (default: outputs/readme/NAME)")
     parser.add_argument("--cache-dir", type=Path, help="a feature cache to reuse (default: a cold, temporary one)")
     args = parser.parse_args()
+    if args.name == "plans":
+        return plans(args.cache_dir)
     if args.source:
         output, wall = args.source, None
     else:
