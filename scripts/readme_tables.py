@@ -123,7 +123,7 @@ def plans(cache_dir: Path | None) -> None:
             "```text",
             out.strip(), "```"]))
         summary.append(f"- `{name}`: " + next(line for line in out.splitlines() if line.startswith("Estimated cost")))
-    update_block(ROOT / "README.md", "plan-summary", "Measured here (2 CPU cores), written by "
+    update_block(ROOT / "README.md", "plan-summary", f"Measured here ({load}), written by "
                  f"`python scripts/readme_tables.py plans` at commit `{commit}`:\n\n" + "\n".join(summary))
     shutil.rmtree(work, ignore_errors=True)
     print("docs/cluster.md and README.md: plans written")
