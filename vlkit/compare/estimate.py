@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-PROBE_STEPS = 3  # timed steps per probe, after one untimed step
+PROBE_STEPS = 3  # timed steps per probe, after one untimed step (compare.probe.steps)
 
 
 def _timed(fit: Any, steps: int) -> float:
@@ -18,10 +18,11 @@ def _timed(fit: Any, steps: int) -> float:
     return time.perf_counter() - start
 
 
-def probe(comparison: Any, steps: int = PROBE_STEPS) -> dict[str, float]:
+def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = None) -> dict[str, float]:
     """Seconds per training step of each distinct (model, mix) pre-training and (model, task) fine-tuning:
     the time of ``1 + steps`` steps minus that of one step (set-up, data and first-step costs cancel out).
-    Each distinct model is built once and trained on by every probe of it (timing only)."""
+    Each distinct model is built once and trained on by every probe of it (timing only). ``batch_size``:
+    probe at that batch and scale the time linearly to the unit's own batch (a base-size model on a CPU)."""
     import json
 
     from vlkit.compare.config import objective_mix
@@ -42,8 +43,12 @@ def probe(comparison: Any, steps: int = PROBE_STEPS) -> dict[str, float]:
         stage = "pretrain" if unit.is_pretrain else "finetune"
         extra = spec.trainer if unit.is_pretrain else (comparison.compare["trainer"].get("tasks") or {}).get(unit.task)
 
+        full = comparison.trainer_cfg(stage, 1, extra)["batch_size"]
+        scale = full / batch_size if batch_size else 1.0
+
         def fit(n: int) -> None:
-            trainer = {**comparison.trainer_cfg(stage, n, extra), "save_every": 0, "log_every": 1}
+            trainer = {**comparison.trainer_cfg(stage, n, extra), "save_every": 0, "log_every": 1,
+                       **({"batch_size": batch_size} if batch_size else {})}
             with tempfile.TemporaryDirectory(prefix="vlkit-probe-") as tmp:
                 if unit.is_pretrain:
                     pipeline.pretrain_model(env, model, objective_mix(spec), trainer, Path(tmp), unit.seed)
@@ -52,7 +57,7 @@ def probe(comparison: Any, steps: int = PROBE_STEPS) -> dict[str, float]:
                     pipeline.finetune_task(env, model, task_cfg, trainer, Path(tmp), unit.seed, (),
                                            data=comparison.task_data(env, task_cfg))
 
-        seconds[kind] = max(0.0, _timed(fit, 1 + steps) - _timed(fit, 1)) / steps
+        seconds[kind] = scale * max(0.0, _timed(fit, 1 + steps) - _timed(fit, 1)) / steps
     return seconds
 
 
@@ -85,7 +90,9 @@ def dry_run(comparison: Any, settings: Any) -> str:
     gpus = settings.gpus_per_unit
     slurm_nodes = int(settings.slurm.get("nodes") or 1)
     device = f"{gpus} GPU(s)" if gpus else f"{settings.threads} CPU thread(s)"
-    measured = probe(comparison)
+    settings_probe = comparison.compare.get("probe") or {}
+    probe_steps, probe_batch = int(settings_probe.get("steps") or PROBE_STEPS), settings_probe.get("batch_size")
+    measured = probe(comparison, probe_steps, probe_batch)
     lines, durations, depends = [], {}, {}
     for unit in units:
         key = comparison.key(unit)
@@ -101,13 +108,15 @@ def dry_run(comparison: Any, settings: Any) -> str:
              "slurm": int(settings.slurm.get("array_parallelism") or 256),
              "ray": int(settings.ray.get("max_concurrent") or settings.workers)}
     hours = total * unit_devices / 3600
-    what = "GPU-hours" if gpus else "CPU-thread-hours" if settings.threads == 1 else "CPU-hours"
+    what = "GPU-hours" if gpus and torch.cuda.is_available() else "CPU-thread-hours" if settings.threads == 1 \
+        and not gpus else "device-hours (timed on this CPU, not on the GPUs the units ask for)"
     probes = ", ".join(f"{k} {v:.3f} s/step" for k, v in measured.items())
     out = [f"vlkit compare dry run: {len(units)} units ({sum(u.is_pretrain for u in units)} pre-trainings) of "
            f"{len(comparison.specs)} run(s) x {len(comparison.compare['seeds'])} seed(s); nothing is run.", "",
            markdown_table(["unit", "after", "steps", "resources", "est. min"], lines), "",
-           f"Probe on this machine ({_device_name()}, {torch.get_num_threads()} torch thread(s), {PROBE_STEPS} timed "
-           f"steps each): {probes}.",
+           f"Probe on this machine ({_device_name()}, {torch.get_num_threads()} torch thread(s), {probe_steps} timed "
+           f"steps each" + (f" at batch {probe_batch}, scaled linearly to each unit's batch" if probe_batch else "")
+           + f"): {probes}.",
            f"Estimated cost: {total / 3600:.2f} h of unit time = {hours:.2f} {what} "
            f"({unit_devices} device(s) per unit; training steps only, evaluations not included)."]
     for name, n in slots.items():
