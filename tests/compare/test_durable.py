@@ -113,7 +113,7 @@ compare:
   runs:
     - {{name: vilbert, model: {{name: vilbert, preset: tiny}}, objectives: vilbert}}
     - {{name: uniter, model: {{name: uniter, preset: tiny}}, objectives: uniter,
-       task_overrides: {{retrieval: {{source: files, path: {bad}}}}}}}
+       task_overrides: {{retrieval: {{source: files, path: {bad}, eval_splits: [val]}}}}}}
 """)
     out = tmp_path / "out"
     return ["compare=" + str(runs), f"output_dir={out}", "workers=2", f"cache_dir={cache}", *FAST], out, bad

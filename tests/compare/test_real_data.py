@@ -59,7 +59,8 @@ def test_a_comparison_on_real_data_files(files, tmp_path, data):
         assert main(["make-shards", "source=jsonl", f"path={files / 'captions.jsonl'}", f"images={files / 'images'}",
                      f"out={shards}", "shard_size=40"]) == 0
         data_args = ["data=shards", f"data.path={shards}", "data.image.source=features",
-                     f"data.image.path={files / 'feats.h5'}", "compare.trainer.common.group_by_length=0"]
+                     f"data.image.path={files / 'feats.h5'}", "compare.trainer.common.group_by_length=0",
+                     "compare.itm_pairs=0"]  # a stream has no held-out split to score ITM on
         # the tasks read images by id: the pixel family's shards carry them in the streamed rows only
         second = "{name: vilbert, model: {name: vilbert, preset: tiny}, objectives: vilbert}"
     out = tmp_path / "out"
@@ -70,4 +71,4 @@ def test_a_comparison_on_real_data_files(files, tmp_path, data):
     for (run, _), r in rows.items():
         assert {"vqa", "ir_r1", "tr_r1", "nlvr2"} <= set(r) and 0 <= r["vqa"] <= 1
         assert ("refexp" in r) == (run != "meter")  # METER has no region head
-    assert rows[("uniter", "pretrained")]["itm_acc"] >= 0
+    assert ("itm_acc" in rows[("uniter", "pretrained")]) == (data == "coco")

@@ -208,11 +208,11 @@ class Comparison:
         dataset = pipeline.pretraining_dataset(env)
         curve = read_metrics(out_dir)  # every step since step 0, also after a resume
         out = {"ids": digest(seen), "curve": curve,
-               "data": {"pretrain": digest((r["id"], r["image_id"], r["caption"]) for r in dataset.data)},
+               "data": {"pretrain": _pretraining_digest(dataset)},
                "stats": {"pretrain_wall_s": wall, "train_samples_per_s": len(seen) / wall if wall else float("nan"),
                          "pretrain_final_loss": curve[-1]["loss"] if curve else float("nan")},
                "metrics": {}}
-        if "itm" in pre.objectives:
+        if "itm" in pre.objectives and self.compare.get("itm_pairs", 2000):  # 0: no held-out ITM accuracy
             pairs = self.eval_pairs(spec)
             out["metrics"].update(itm_acc=itm_accuracy(pre, pairs, self.compare.get("itm_pairs", 2000), seed=0),
                                   itm_acc_chance=0.5)
@@ -313,6 +313,13 @@ class Comparison:
         task = build_task("retrieval", pre, scorer="itm", **options, **data.options)
         raw = task.evaluate(data.eval[self.compare.get("eval_split", "val")], batch_size=task_cfg.get("eval_batch_size", 64))
         return {f"zs_{k}": float(v) for k, v in raw.items()}
+
+
+def _pretraining_digest(dataset: Any) -> str:
+    """The identity of the pre-training pairs: every (id, image, caption), or a stream's shard manifest."""
+    if hasattr(dataset, "manifest"):
+        return digest([dataset.manifest])
+    return digest((r["id"], r["image_id"], r["caption"]) for r in dataset.data)
 
 
 def _dataset_keys(dataset: Any) -> Iterable[Any]:
