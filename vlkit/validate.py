@@ -267,6 +267,14 @@ def nonfinite_inputs(batch: Any) -> list[dict[str, Any]]:
     return found
 
 
+def nonfinite_parameters(module: Any) -> list[str]:
+    """The names of ``module``'s parameters and buffers that hold NaN or inf."""
+    import torch
+
+    tensors = [*module.named_parameters(), *module.named_buffers()]
+    return [n for n, t in tensors if t.is_floating_point() and not torch.isfinite(t).all()]
+
+
 def describe_inputs(found: Sequence[Mapping[str, Any]], limit: int = 5) -> str:
     parts = [f"{f['field']} of example {f['example']!r}" + (f" (image {f['image']!r})" if f.get("image") else "")
              for f in found[:limit]]
@@ -360,4 +368,4 @@ def first(items: Iterable[Any], limit: int = 5) -> str:
 
 __all__ = ["DataError", "SkippedExample", "ON_ERROR", "SKIPPED_FILE", "check_on_error", "decode_image", "rgb_array",
            "image_size_problems", "check_image_size", "region_problems", "check_regions", "nonfinite_inputs",
-           "describe_inputs", "SkipLog", "sample_evenly", "first"]
+           "nonfinite_parameters", "describe_inputs", "SkipLog", "sample_evenly", "first"]
