@@ -195,6 +195,41 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
+def refuse_overwrite(path: str | os.PathLike, overwrite: bool, key: str = "out") -> None:
+    """`FileExistsError` when ``path`` holds something (a file, a non-empty folder) and ``overwrite`` is not
+    set: a writer calls it before it starts, so nothing existing is replaced unless the user says so."""
+    path = Path(path)
+    held = path.is_file() or path.is_symlink() or (path.is_dir() and any(path.iterdir()))
+    if held and not overwrite:
+        kind = "a folder that is not empty" if path.is_dir() else "a file"
+        raise FileExistsError(f"{key}={path} is {kind}; choose another {key}= or pass overwrite=true to replace it "
+                              "(the new one is built beside it and swapped in only when complete)")
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a new empty folder beside ``path`` to fill; on success it takes ``path``'s place (a previous
+    ``path`` is moved aside first and deleted only after the swap). On an exception the new folder is
+    removed and ``path`` is untouched; a process killed meanwhile leaves it for `remove_orphans`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_orphans(path)
+    tmp = temp_sibling(path, directory=True)
+    try:
+        yield tmp
+        honour_umask(tmp)  # mkdtemp makes 0700
+        old = None
+        if path.exists() or path.is_symlink():
+            old = temp_sibling(path.with_name(path.name + ".old"), directory=True)  # not an orphan of ``path``
+            os.replace(path, old / path.name)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def key_difference(missing: Any, unexpected: Any, limit: int = 5) -> str:
     """``missing [...], unexpected [...]`` (sorted, the first ``limit`` of each and how many more)."""
     def show(keys: Any) -> str:

@@ -29,11 +29,11 @@ def read_answers(path: str | Path) -> list[str]:
 def convert(cfg) -> int:
     """Convert ``src`` (family ``family``) and write the vlkit run directory ``dst``."""
     from vlkit.convert import from_official, save_converted
+    from vlkit.io import refuse_overwrite
     from vlkit.train.pipeline import plain
 
     dst = Path(cfg.dst)
-    if dst.exists() and any(dst.iterdir()) and not cfg.overwrite:
-        raise FileExistsError(f"{dst} is not empty; choose another dst= or pass overwrite=true")
+    refuse_overwrite(dst, cfg.overwrite, "dst")
     options = dict(plain(cfg.options) or {})
     if cfg.answers:
         options["answers"] = read_answers(cfg.answers)
