@@ -11,6 +11,7 @@ killed process left without touching those of a live one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import os
@@ -175,6 +176,46 @@ def remove_orphans(path: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def _free_bytes(path: Path) -> int | None:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def write_error(path: str | os.PathLike, err: BaseException) -> BaseException:
+    """``err``, raised while writing ``path``, as an `OSError` naming ``path`` and the cause (its errno kept:
+    no space, permission, read-only file system, a file where a folder is expected). torch's file writer
+    reports a full disk as ``RuntimeError: [enforce fail at inline_container.cc]``: that says the free space.
+    Other errors, and messages that already name ``path``, come back as they are."""
+    path = Path(path)
+    about = getattr(err, "filename", None)  # an error about another file (a source being read) is not this write's
+    ours = about is None or Path(about).name == path.name or Path(about).name.startswith(_temp_prefix(path))
+    if isinstance(err, OSError) and ours and str(path) not in str(err):
+        cause = err.strerror or str(err) or type(err).__name__
+        return OSError(err.errno, f"cannot write {path}: {cause}") if err.errno else OSError(f"cannot write {path}: {cause}")
+    if isinstance(err, RuntimeError) and "inline_container" in str(err):
+        free = _free_bytes(path)
+        if free is not None and free < (1 << 20):
+            return OSError(errno.ENOSPC, f"cannot write {path}: {os.strerror(errno.ENOSPC)} ({free} bytes free)")
+        return OSError(f"cannot write {path}: torch's writer failed ({err}); {free} bytes free on its disk")
+    return err
+
+
+@contextlib.contextmanager
+def write_failures(path: str | os.PathLike) -> Iterator[None]:
+    """Re-raise a failure of the block that writes ``path`` as `write_error` describes it."""
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        explained = write_error(path, err)
+        if explained is err:
+            raise
+        raise explained from err
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it is renamed over ``path`` atomically, with
@@ -184,12 +225,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     killed meanwhile leaves it for `remove_orphans`.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_path = temp_sibling(path)
+    with write_failures(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp_path = temp_sibling(path)
     try:
-        yield tmp_path
-        honour_umask(tmp_path)
-        os.replace(tmp_path, path)
+        with write_failures(path):
+            yield tmp_path
+            honour_umask(tmp_path)
+            os.replace(tmp_path, path)
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise

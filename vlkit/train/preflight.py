@@ -129,8 +129,13 @@ class Preflight:
         parent = out
         while not parent.exists() and parent != parent.parent:
             parent = parent.parent
-        if parent.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        if parent.exists() and not parent.is_dir():
+            self.problem(f"{key}={out}: {parent} is a file, not a folder")
+        elif parent.exists() and not os.access(parent, os.W_OK | os.X_OK):
             self.problem(f"{key}={out}: {parent} is not writable")
+        for name in (CHECKPOINTS, "model"):  # folders the run writes into
+            if (out / name).exists() and not (out / name).is_dir():
+                self.problem(f"{key}={out}: {out / name} is a file where the run writes a folder; move it away")
 
     # -- init= ---------------------------------------------------------------------------------------
     def check_init(self, init: str | os.PathLike | None, model_cfg: Mapping[str, Any],
