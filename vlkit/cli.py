@@ -100,11 +100,35 @@ def compose(command: str, overrides: list[str] | None = None):
     if isinstance(failure, MissingConfigException):
         raise _missing_option(command, failure) from None
     if isinstance(failure, OverrideParseException):
-        bad = re.search(r"override '([^']*)'", str(failure))
-        what = repr(bad.group(1)) if bad else "an override"
-        raise UsageError(f"vlkit {command}: cannot read {what}; settings are key=value (e.g. model=uniter "
-                         f"trainer.max_steps=100); see vlkit {command} --help") from None
+        raise _unreadable_override(command, overrides, failure) from None
     raise _unknown_key(command, overrides, failure) from None
+
+
+def _unreadable_override(command: str, overrides: list[str], err: Exception) -> UsageError:
+    """`UsageError` naming the override Hydra cannot parse, the character at fault and the quoting that reads it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_overrides([override])
+        except OverrideParseException as failure:
+            key, sep, value = override.partition("=")
+            lines = str(failure).splitlines()
+            column = lines[1].index("^") - (len(lines[0]) - len(override)) if len(lines) > 1 and "^" in lines[1] else -1
+            char = f" ({override[column]!r} at column {column + 1})" if 0 <= column < len(override) else ""
+            if not sep:
+                return UsageError(f"vlkit {command}: cannot read {override!r}{char}; settings are key=value (e.g. "
+                                  f"model=uniter trainer.max_steps=100); see vlkit {command} --help")
+            quoted = "'" + value.replace("'", "\\'") + "'"
+            tilde = " (vlkit does not expand ~: give the full path)" if value.startswith("~") else ""
+            return UsageError(f"vlkit {command}: cannot read the value of {key}{char}: {value!r}; quote a value "
+                              f"holding ~, spaces or non-ASCII characters: {key}={quoted}, in a shell "
+                              f"\"{key}={quoted}\"{tilde}")
+    bad = re.search(r"override '([^']*)'", str(err))
+    return UsageError(f"vlkit {command}: cannot read {repr(bad.group(1)) if bad else 'an override'}; settings are "
+                      f"key=value (e.g. model=uniter trainer.max_steps=100); see vlkit {command} --help")
 
 
 def _suggest(word: str, choices: list[str], prefix: str = "", n: int = 2) -> str:

@@ -82,10 +82,19 @@ def write_shards(records: Iterable[dict[str, Any]], out: str | os.PathLike, shar
     return out
 
 
-def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
-    """``shards.json`` of a shard directory, checked against its files (present, of the recorded row count)."""
+def open_parquet(file: str | os.PathLike):
+    """``pyarrow.parquet.ParquetFile(file)``; a truncated or foreign file is a `ShardError` naming it."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    try:
+        return pq.ParquetFile(file)
+    except (pa.ArrowException, OSError) as e:
+        raise ShardError(f"{file}: not a readable Parquet shard, truncated or corrupt ({type(e).__name__}: {e})") from e
+
+
+def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
+    """``shards.json`` of a shard directory, checked against its files (present, of the recorded row count)."""
     directory = Path(directory)
     path = directory / MANIFEST
     if not path.is_file():
@@ -103,7 +112,7 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
         file = directory / shard["file"]
         if not file.is_file():
             raise ShardError(f"{file}: listed in {path} but missing")
-        rows = pq.ParquetFile(file).metadata.num_rows
+        rows = open_parquet(file).metadata.num_rows
         if rows != shard["rows"]:
             raise ShardError(f"{file}: {rows} rows, {path} says {shard['rows']}")
     return manifest
@@ -173,5 +182,5 @@ def make_shards_main(cfg: Any) -> int:
     return 0
 
 
-__all__ = ["MANIFEST", "ShardError", "make_shards_main", "read_manifest", "shapes_png", "shapes_records",
+__all__ = ["MANIFEST", "ShardError", "make_shards_main", "open_parquet", "read_manifest", "shapes_png", "shapes_records",
            "write_shards"]

@@ -150,6 +150,8 @@ class Preflight:
         except DataError as err:
             self.problem(str(err))
             return None
+        if not self._known_config(init, path, saved):
+            return None
         explicit = set(explicit)
         wanted = dict(model_cfg)
         if "model" in explicit and wanted.get("name") != saved["name"]:
@@ -161,6 +163,27 @@ class Preflight:
                 self.problem(f"{key}={wanted.get(field)} is ignored with init={init}: the model comes from {path}"
                              + (f" ({field}={saved[field]})" if field in saved else "") + f"; drop {key}")
         return saved
+
+    def _known_config(self, init: Any, path: Path, saved: Mapping[str, Any]) -> bool:
+        """Whether this vlkit knows the saved model's family and every key of its config (a newer vlkit's run may
+        hold keys this one lacks)."""
+        import dataclasses
+
+        from vlkit import __version__
+        from vlkit.registry import MODELS, UnknownNameError
+
+        try:
+            config_class = MODELS.get(saved["name"]).config_class
+        except UnknownNameError as err:
+            self.problem(f"init={init}: {path}: {str(err).strip(chr(39))} (is the plugin that provides it installed?)")
+            return False
+        fields = {f.name for f in dataclasses.fields(config_class)}
+        unknown = sorted(set(saved) - fields - {"name"})
+        if unknown:
+            self.problem(f"init={init}: {path} holds {saved['name']} config key(s) {', '.join(unknown)} that this "
+                         f"vlkit ({__version__}) does not know: it was written by a newer vlkit (upgrade vlkit to "
+                         f"load it) or edited by hand")
+        return not unknown
 
     # -- the objective mix ---------------------------------------------------------------------------
     def check_mix(self, model: Any, mix: Any, image_source: Any = None) -> None:
