@@ -10,7 +10,8 @@ groups (model presets, objective mixes, data sets, tasks ...). A mistake on the 
 key, group option or command) answers with the closest names vlkit knows ("did you mean
 model=uniter?"), exit status 2; an error in the run (bad data, a missing file, a failed preflight)
 prints one paragraph naming its culprit, exit status 1. ``VLKIT_DEBUG=1`` prints the full traceback
-instead. An error that is not a user mistake (a bug) always prints its traceback.
+instead. An error that is not a user mistake (a bug) always prints its traceback. SIGTERM and SIGINT stop a
+command cleanly (`vlkit.runtime`): what is complete is kept, exit status 128 + the signal number.
 
 `main(argv)` called with a list (from Python, tests) raises instead of printing; the console script
 calls `console`.
@@ -47,6 +48,12 @@ COMMANDS = {
     "convert": ("vlkit.convert.commands:convert", "convert a released ViLBERT / UNITER / METER checkpoint"),
 }
 GROUPS = ("model", "objectives", "data", "task", "trainer", "compare")  # config groups of the commands
+RESUME_ADVICE = {  # what an interrupted command left and how to continue it
+    "pretrain": "; the checkpoints written are kept: rerun with resume=true to continue from the last one",
+    "finetune": "; the checkpoints written are kept: rerun with resume=true to continue from the last one",
+    "extract-features": "; the images stored are kept: rerun the same command to continue (resume=true is the default)",
+    "import-features": "; the images stored are kept: rerun the same command to continue (resume=true is the default)",
+}
 
 
 def _file_options(overrides: list[str], search_dir: Path) -> list[str]:
@@ -369,14 +376,18 @@ def console(argv: list[str] | None = None) -> int:
     command = argv[0] if argv and argv[0] in COMMANDS else None
     name = f"vlkit {command}" if command else "vlkit"
     debug = os.environ.get("VLKIT_DEBUG", "") not in ("", "0", "false", "no")
+    from vlkit.runtime import interrupt_on_signals
+
     try:
-        code = run(argv)
+        with interrupt_on_signals():
+            code = run(argv)
         _shutdown_distributed(barrier=True)
         return code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM / SIGINT as `vlkit.runtime.Interrupted`
         _shutdown_distributed(barrier=False)
-        print(f"{name}: interrupted", file=sys.stderr)
-        return 130
+        how = f" by {err.signal_name}" if hasattr(err, "signal_name") else ""
+        print(f"{name}: interrupted{how}{RESUME_ADVICE.get(command, '')}", file=sys.stderr)
+        return getattr(err, "exit_code", 130)
     except Exception as err:  # noqa: BLE001 - the console reports every error, once
         _shutdown_distributed(barrier=False)  # the other ranks may never reach a barrier
         if debug or not user_error(err):
