@@ -313,7 +313,24 @@ class Trainer:
     def fit(self, data: Iterable[VLBatch]) -> TrainResult:
         """Train to ``max_steps`` on ``data`` (re-iterated every epoch; a DataLoader's sampler gets
         ``set_epoch``), resuming from the newest checkpoint when ``resume`` is set. Exact resume needs
-        a data order fixed by the seed and epoch, as the samplers of `loader` give."""
+        a data order fixed by the seed and epoch, as the samplers of `loader` give.
+
+        Afterwards the trainer and its accelerator hold no prepared (DDP-wrapped) model: a wrapper's reducer
+        keeps the process group alive, and a gloo group destroyed only at interpreter exit aborts the process
+        now and then ("terminate called without an active exception"); `distributed.shutdown` can then end it."""
+        try:
+            return self._fit(data)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        import gc
+
+        self._model = None
+        self.accelerator.free_memory()  # its lists of prepared models, optimizers and loaders
+        gc.collect()  # the DDP wrapper sits in reference cycles (its hooks): free it now, not at exit
+
+    def _fit(self, data: Iterable[VLBatch]) -> TrainResult:
         from accelerate.utils import set_seed
 
         cfg, acc = self.cfg, self.accelerator
