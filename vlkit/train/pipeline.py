@@ -243,9 +243,9 @@ class RecordingLoader:
 
 def _fit(module: torch.nn.Module, dataset: Any, collate: Any, trainer_cfg: Any, output_dir: str | Path, seed: int,
          seen: list[str] | None, lengths: Any = None, data_source: str | None = None, run: Any = None):
-    from vlkit.train.trainer import NonFiniteLossError, Trainer
+    from vlkit.train.trainer import NonFiniteLossError, Trainer, TrainerConfig
 
-    config = run_trainer_config(trainer_cfg, output_dir, seed)
+    config = TrainerConfig.from_cfg(trainer_cfg, output_dir=str(output_dir), seed=seed)
     trainer = Trainer(module, config, run=run)
     needs_lengths = config.batching == "units" or config.group_by_length
     loader = trainer.loader(dataset, collate, lengths() if needs_lengths and lengths is not None else None)
@@ -255,13 +255,6 @@ def _fit(module: torch.nn.Module, dataset: Any, collate: Any, trainer_cfg: Any, 
         if data_source and data_source not in str(err):
             raise NonFiniteLossError(f"{err} [data: {data_source}]") from err
         raise
-
-
-def run_trainer_config(trainer_cfg: Any, output_dir: str | Path, seed: int):
-    """The `TrainerConfig` a run trains with: ``trainer_cfg`` with the run's output folder and seed."""
-    from vlkit.train.trainer import TrainerConfig
-
-    return TrainerConfig.from_cfg(trainer_cfg, output_dir=str(output_dir), seed=seed)
 
 
 def _examples(dataset: Any) -> int | None:

@@ -551,8 +551,8 @@ def _nonfinite_message(bad: Mapping[str, Any], rank: int, step: int, checkpoint:
     last = (f"the last checkpoint, {checkpoint}, holds the weights before the failure" if checkpoint is not None
             else "no checkpoint was written before the failure")
     return (f"{where} The inputs are finite, so training diverged: start again in a new trainer.output_dir with a "
-            f"lower trainer.lr, trainer.grad_clip > 0 or bf16 instead of fp16 (resume=true would keep the "
-            f"checkpoint's learning rate); {last}")
+            f"lower trainer.lr, trainer.grad_clip > 0 or bf16 instead of fp16 (resume=true continues only with the "
+            f"checkpoint's learning rate and settings); {last}")
 
 
 def read_metrics(output_dir: str | Path) -> list[dict[str, Any]]:
@@ -562,5 +562,5 @@ def read_metrics(output_dir: str | Path) -> list[dict[str, Any]]:
     return read_jsonl(Path(output_dir) / METRICS_FILE)
 
 
-__all__ = ["TrainerConfig", "TrainerConfigError", "trainer_presets", "Trainer", "TrainResult", "NonFiniteLossError", "preserved_rng",
-           "register_hydra_configs", "trainer_config", "read_metrics"]
+__all__ = ["TrainerConfig", "TrainerConfigError", "trainer_presets", "Trainer", "TrainResult", "NonFiniteLossError",
+           "preserved_rng", "register_hydra_configs", "trainer_config", "read_metrics"]
