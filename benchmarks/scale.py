@@ -50,7 +50,7 @@ def make_shards(n: int, out: Path) -> dict:
     world = ShapesWorld(seed=0, num_images=n, image_size=64)
     start = time.perf_counter()
     write_shards(shapes_records(world), out, shard_size=2000, row_group_size=250,
-                 image_bytes=shapes_png(world), source="shapes")
+                 image_bytes=shapes_png(world), source="shapes", overwrite=True)  # no finished set there
     return {"images": n, "rows": read_manifest(out)["rows"], "seconds": time.perf_counter() - start}
 
 

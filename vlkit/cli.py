@@ -10,7 +10,8 @@ groups (model presets, objective mixes, data sets, tasks ...). A mistake on the 
 key, group option or command) answers with the closest names vlkit knows ("did you mean
 model=uniter?"), exit status 2; an error in the run (bad data, a missing file, a failed preflight)
 prints one paragraph naming its culprit, exit status 1. ``VLKIT_DEBUG=1`` prints the full traceback
-instead. An error that is not a user mistake (a bug) always prints its traceback.
+instead. An error that is not a user mistake (a bug) always prints its traceback. SIGTERM and SIGINT stop a
+command cleanly (`vlkit.runtime`): what is complete is kept, exit status 128 + the signal number.
 
 `main(argv)` called with a list (from Python, tests) raises instead of printing; the console script
 calls `console`.
@@ -48,6 +49,12 @@ COMMANDS = {
     "convert": ("vlkit.convert.commands:convert", "convert a released ViLBERT / UNITER / METER checkpoint"),
 }
 GROUPS = ("model", "objectives", "data", "task", "trainer", "compare")  # config groups of the commands
+RESUME_ADVICE = {  # what an interrupted command left and how to continue it
+    "pretrain": "; the checkpoints written are kept: rerun with resume=true to continue from the last one",
+    "finetune": "; the checkpoints written are kept: rerun with resume=true to continue from the last one",
+    "extract-features": "; the images stored are kept: rerun the same command to continue (resume=true is the default)",
+    "import-features": "; the images stored are kept: rerun the same command to continue (resume=true is the default)",
+}
 
 
 def _file_options(overrides: list[str], search_dir: Path) -> list[str]:
@@ -106,11 +113,35 @@ def compose(command: str, overrides: list[str] | None = None):
     if isinstance(failure, MissingConfigException):
         raise _missing_option(command, failure) from None
     if isinstance(failure, OverrideParseException):
-        bad = re.search(r"override '([^']*)'", str(failure))
-        what = repr(bad.group(1)) if bad else "an override"
-        raise UsageError(f"vlkit {command}: cannot read {what}; settings are key=value (e.g. model=uniter "
-                         f"trainer.max_steps=100); see vlkit {command} --help") from None
+        raise _unreadable_override(command, overrides, failure) from None
     raise _unknown_key(command, overrides, failure) from None
+
+
+def _unreadable_override(command: str, overrides: list[str], err: Exception) -> UsageError:
+    """`UsageError` naming the override Hydra cannot parse, the character at fault and the quoting that reads it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_overrides([override])
+        except OverrideParseException as failure:
+            key, sep, value = override.partition("=")
+            lines = str(failure).splitlines()
+            column = lines[1].index("^") - (len(lines[0]) - len(override)) if len(lines) > 1 and "^" in lines[1] else -1
+            char = f" ({override[column]!r} at column {column + 1})" if 0 <= column < len(override) else ""
+            if not sep:
+                return UsageError(f"vlkit {command}: cannot read {override!r}{char}; settings are key=value (e.g. "
+                                  f"model=uniter trainer.max_steps=100); see vlkit {command} --help")
+            quoted = "'" + value.replace("'", "\\'") + "'"
+            tilde = " (vlkit does not expand ~: give the full path)" if value.startswith("~") else ""
+            return UsageError(f"vlkit {command}: cannot read the value of {key}{char}: {value!r}; quote a value "
+                              f"holding ~, spaces or non-ASCII characters: {key}={quoted}, in a shell "
+                              f"\"{key}={quoted}\"{tilde}")
+    bad = re.search(r"override '([^']*)'", str(err))
+    return UsageError(f"vlkit {command}: cannot read {repr(bad.group(1)) if bad else 'an override'}; settings are "
+                      f"key=value (e.g. model=uniter trainer.max_steps=100); see vlkit {command} --help")
 
 
 def _suggest(word: str, choices: list[str], prefix: str = "", n: int = 2) -> str:
@@ -356,14 +387,18 @@ def console(argv: list[str] | None = None) -> int:
     command = argv[0] if argv and argv[0] in COMMANDS else None
     name = f"vlkit {command}" if command else "vlkit"
     debug = os.environ.get("VLKIT_DEBUG", "") not in ("", "0", "false", "no")
+    from vlkit.runtime import interrupt_on_signals
+
     try:
-        code = run(argv)
+        with interrupt_on_signals():
+            code = run(argv)
         _shutdown_distributed(barrier=True)
         return code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM / SIGINT as `vlkit.runtime.Interrupted`
         _shutdown_distributed(barrier=False)
-        print(f"{name}: interrupted", file=sys.stderr)
-        return 130
+        how = f" by {err.signal_name}" if hasattr(err, "signal_name") else ""
+        print(f"{name}: interrupted{how}{RESUME_ADVICE.get(command, '')}", file=sys.stderr)
+        return getattr(err, "exit_code", 130)
     except Exception as err:  # noqa: BLE001 - the console reports every error, once
         _shutdown_distributed(barrier=False)  # the other ranks may never reach a barrier
         if debug or not user_error(err):

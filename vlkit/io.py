@@ -11,6 +11,7 @@ killed process left without touching those of a live one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import os
@@ -175,6 +176,46 @@ def remove_orphans(path: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def _free_bytes(path: Path) -> int | None:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def write_error(path: str | os.PathLike, err: BaseException) -> BaseException:
+    """``err``, raised while writing ``path``, as an `OSError` naming ``path`` and the cause (its errno kept:
+    no space, permission, read-only file system, a file where a folder is expected). torch's file writer
+    reports a full disk as ``RuntimeError: [enforce fail at inline_container.cc]``: that says the free space.
+    Other errors, and messages that already name ``path``, come back as they are."""
+    path = Path(path)
+    about = getattr(err, "filename", None)  # an error about another file (a source being read) is not this write's
+    ours = about is None or Path(about).name == path.name or Path(about).name.startswith(_temp_prefix(path))
+    if isinstance(err, OSError) and ours and str(path) not in str(err):
+        cause = err.strerror or str(err) or type(err).__name__
+        return OSError(err.errno, f"cannot write {path}: {cause}") if err.errno else OSError(f"cannot write {path}: {cause}")
+    if isinstance(err, RuntimeError) and "inline_container" in str(err):
+        free = _free_bytes(path)
+        if free is not None and free < (1 << 20):
+            return OSError(errno.ENOSPC, f"cannot write {path}: {os.strerror(errno.ENOSPC)} ({free} bytes free)")
+        return OSError(f"cannot write {path}: torch's writer failed ({err}); {free} bytes free on its disk")
+    return err
+
+
+@contextlib.contextmanager
+def write_failures(path: str | os.PathLike) -> Iterator[None]:
+    """Re-raise a failure of the block that writes ``path`` as `write_error` describes it."""
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        explained = write_error(path, err)
+        if explained is err:
+            raise
+        raise explained from err
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it is renamed over ``path`` atomically, with
@@ -184,15 +225,52 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     killed meanwhile leaves it for `remove_orphans`.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_path = temp_sibling(path)
+    with write_failures(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp_path = temp_sibling(path)
     try:
-        yield tmp_path
-        honour_umask(tmp_path)
-        os.replace(tmp_path, path)
+        with write_failures(path):
+            yield tmp_path
+            honour_umask(tmp_path)
+            os.replace(tmp_path, path)
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise
+
+
+def refuse_overwrite(path: str | os.PathLike, overwrite: bool, key: str = "out") -> None:
+    """`FileExistsError` when ``path`` holds something (a file, a non-empty folder) and ``overwrite`` is not
+    set: a writer calls it before it starts, so nothing existing is replaced unless the user says so."""
+    path = Path(path)
+    held = path.is_file() or path.is_symlink() or (path.is_dir() and any(path.iterdir()))
+    if held and not overwrite:
+        kind = "a folder that is not empty" if path.is_dir() else "a file"
+        raise FileExistsError(f"{key}={path} is {kind}; choose another {key}= or pass overwrite=true to replace it "
+                              "(the new one is built beside it and swapped in only when complete)")
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a new empty folder beside ``path`` to fill; on success it takes ``path``'s place (a previous
+    ``path`` is moved aside first and deleted only after the swap). On an exception the new folder is
+    removed and ``path`` is untouched; a process killed meanwhile leaves it for `remove_orphans`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_orphans(path)
+    tmp = temp_sibling(path, directory=True)
+    try:
+        yield tmp
+        honour_umask(tmp)  # mkdtemp makes 0700
+        old = None
+        if path.exists() or path.is_symlink():
+            old = temp_sibling(path.with_name(path.name + ".old"), directory=True)  # not an orphan of ``path``
+            os.replace(path, old / path.name)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def key_difference(missing: Any, unexpected: Any, limit: int = 5) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -50,6 +51,55 @@ def check_on_error(value: str, key: str = "data.on_error") -> str:
 # --------------------------------------------------------------------------------------------------
 # images
 # --------------------------------------------------------------------------------------------------
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")  # what decode_image reads
+
+
+@dataclass
+class ImageFolder:
+    """The images of a folder and of its subfolders (image id: the file stem) and every other file, by reason."""
+
+    root: Path
+    images: dict[str, Path]
+    not_read: dict[str, list[Path]]
+
+    def report(self) -> str:
+        """``"<n> file(s) of <root> not read: <count> <reason> (<first files>); ..."``, or ``""``."""
+        if not self.not_read:
+            return ""
+        parts = [f"{len(paths)} {reason} ({first([p.relative_to(self.root) for p in paths], limit=3)})"
+                 for reason, paths in sorted(self.not_read.items())]
+        total = sum(len(p) for p in self.not_read.values())
+        return f"{total} file(s) of {self.root} not read: {'; '.join(parts)}"
+
+
+def image_folder(root: str | os.PathLike, suffixes: Sequence[str] = IMAGE_SUFFIXES) -> ImageFolder:
+    """Every file under ``root``, subfolders included: images by their suffix, the rest counted per reason
+    (hidden, another suffix) and logged; two images of the same stem are a `DataError` naming both."""
+    root = Path(root)
+    if not root.is_dir():
+        raise (NotADirectoryError if root.exists() else FileNotFoundError)(f"image folder {root} is not a folder")
+    suffixes = tuple(s.lower() for s in suffixes)
+    images: dict[str, Path] = {}
+    not_read: dict[str, list[Path]] = {}
+    for path in sorted(p for p in root.rglob("*") if not p.is_dir()):
+        suffix = path.suffix.lower()
+        if any(part.startswith(".") for part in path.relative_to(root).parts):
+            reason = "hidden"
+        elif suffix not in suffixes:
+            reason = f"with suffix {suffix or '(none)'}, not an image format vlkit reads ({', '.join(suffixes)})"
+        elif path.stem in images:
+            raise DataError(f"image folder {root}: two images are named {path.stem!r} ({images[path.stem]} and {path}): "
+                            "image ids are file names without the suffix")
+        else:
+            images[path.stem] = path
+            continue
+        not_read.setdefault(reason, []).append(path)
+    folder = ImageFolder(root, images, not_read)
+    if not_read:
+        log.warning(folder.report())
+    return folder
+
+
 def _name(image_id: Any, path: Any) -> str:
     if image_id is not None and path is not None:
         return f"image {str(image_id)!r} ({path})"
@@ -199,6 +249,15 @@ def region_problems(features: Any, boxes: Any, image_h: Any = None, image_w: Any
         arr = np.asarray(value)
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             out.append(f"{name} holds NaN or inf")
+    return out + box_problems(bxs, image_h, image_w, normalized, tolerance)
+
+
+def box_problems(boxes: Any, image_h: Any = None, image_w: Any = None, normalized: bool = False,
+                 tolerance: float | None = None) -> list[str]:
+    """What is wrong with boxes [N, 4] (xyxy) of one image: NaN / inf, x2 < x1 or y2 < y1, outside the
+    ``image_w`` x ``image_h`` px image (or the unit square when ``normalized``) by more than ``tolerance``."""
+    out: list[str] = []
+    bxs = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
     finite = np.isfinite(bxs).all(axis=1)
     if not finite.all():
         out.append(f"boxes hold NaN or inf (rows {_first_bad_rows(~finite)})")
@@ -265,6 +324,14 @@ def nonfinite_inputs(batch: Any) -> list[dict[str, Any]]:
             found.append({"field": name, "example": ids[r] if r < len(ids) else r,
                           "image": image_ids[r] if r < len(image_ids) else None})
     return found
+
+
+def nonfinite_parameters(module: Any) -> list[str]:
+    """The names of ``module``'s parameters and buffers that hold NaN or inf."""
+    import torch
+
+    tensors = [*module.named_parameters(), *module.named_buffers()]
+    return [n for n, t in tensors if t.is_floating_point() and not torch.isfinite(t).all()]
 
 
 def describe_inputs(found: Sequence[Mapping[str, Any]], limit: int = 5) -> str:
@@ -352,12 +419,28 @@ def sample_evenly(items: Sequence[Any], k: int) -> list[Any]:
     return [items[(i * n) // k] for i in range(k)]
 
 
+def check_unique_ids(ids: Iterable[Any], what: str = "example", where: str = "") -> None:
+    """`DataError` naming every id that appears more than once (and how often): an id names one item, so a
+    duplicate would be dropped, skipped or scored in place of another."""
+    from collections import Counter
+
+    counts = Counter(map(str, ids))
+    repeated = [(i, n) for i, n in counts.items() if n > 1]
+    if repeated:
+        shown = ", ".join(f"{i!r} ({n} times)" for i, n in repeated[:5])
+        more = f" and {len(repeated) - 5} more" if len(repeated) > 5 else ""
+        raise DataError(f"{where + ': ' if where else ''}{len(repeated)} {what} id(s) appear more than once: "
+                        f"{shown}{more}; every {what} needs its own id")
+
+
 def first(items: Iterable[Any], limit: int = 5) -> str:
     items = list(items)
     shown = ", ".join(repr(str(i)) for i in items[:limit])
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-__all__ = ["DataError", "SkippedExample", "ON_ERROR", "SKIPPED_FILE", "check_on_error", "decode_image", "rgb_array",
-           "image_size_problems", "check_image_size", "region_problems", "check_regions", "nonfinite_inputs",
-           "describe_inputs", "SkipLog", "sample_evenly", "first"]
+__all__ = ["DataError", "SkippedExample", "ON_ERROR", "SKIPPED_FILE", "check_on_error", "IMAGE_SUFFIXES", "ImageFolder",
+           "image_folder", "decode_image", "rgb_array",
+           "image_size_problems", "check_image_size", "region_problems", "box_problems", "check_regions",
+           "nonfinite_inputs", "nonfinite_parameters", "describe_inputs", "SkipLog", "sample_evenly", "first",
+           "check_unique_ids"]

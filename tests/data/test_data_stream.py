@@ -52,6 +52,8 @@ def test_write_shards_layout_and_errors(shards, small_world, tmp_path):
     assert row["image"] == small_world.png_bytes(0)
     with pytest.raises(ShardError, match="record 0 .* lacks 'caption'"):
         write_shards([{"id": "a", "image_id": "a"}], tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()  # a failed write leaves nothing
+    (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "pairs-00000.parquet").write_bytes(b"")
     with pytest.raises(ShardError, match="shards.json is missing: .* not a finished pair-shard directory"):
         read_manifest(tmp_path / "bad")

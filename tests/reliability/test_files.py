@@ -149,7 +149,7 @@ def test_nan_loss_names_objective_examples_images_and_what_to_do(tmp_path, data,
     assert "(objective " in err and "examples ['img" in err and "images ['img" in err
     assert "The inputs are finite, so training diverged" in err and "lower trainer.lr" in err
     assert "the last checkpoint, " in err and str(store) in err  # the run's checkpoints and data
-    assert "resume=true would keep the checkpoint's learning rate" in err
+    assert "resume=true continues only with the checkpoint's learning rate" in err
 
 
 def test_nan_inputs_are_blamed_on_the_data(tiny_pairs_with_nan):

@@ -150,3 +150,39 @@ def test_load_time_policy_for_images_the_preflight_did_not_sample(tmp_path):
     assert [len(x) for x in lenient.lengths()] == [2, 2, 2]  # batching by units does not fail on it either
     with pytest.raises(DataError, match="all 1 examples of a batch were skipped"):
         VLCollator()([lenient[1]])
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("trainer.grad_clip=nan", "trainer.grad_clip=nan is not a finite number"),
+    ("trainer.lr=inf", "trainer.lr=inf is not a finite number"),
+    ("trainer.output_dir=", "trainer.output_dir is empty: name the folder the run writes to"),
+    ("trainer.batch_size=64", "trainer.batch_size=64 is larger than the 18 example(s) of the pre-training data"),
+    ("trainer.betas=[0.9,1.5]", "trainer.betas=[0.9, 1.5]: each must be in [0, 1)"),
+])
+def test_trainer_settings_nan_inf_empty_and_impossible_are_refused_before_step_1(tmp_path, data, vlkit_console,
+                                                                                 monkeypatch, setting, message):
+    store, caps, _ = data()
+    out = tmp_path / "run"
+    monkeypatch.chdir(tmp_path)  # an empty output_dir would have written the run into the current folder
+    code, _, err = vlkit_console("pretrain", "model=uniter", *jsonl_data(caps, store), *run_args(out), setting)
+    assert code == 1 and message in err and "Traceback" not in err, err
+    assert _nothing_written(out) and _nothing_written(tmp_path) and not (tmp_path / "preflight.json").exists()
+    code, _, err = vlkit_console("pretrain", "model=uniter", *jsonl_data(caps, store), *run_args(out))
+    assert code == 0, err  # nothing left blocks the rerun
+
+
+def test_init_weights_holding_nan_are_refused_before_step_1(tmp_path, data, vlkit_console):
+    from safetensors.torch import load_file, save_file
+
+    store, caps, _ = data()
+    pre = tmp_path / "pre"
+    assert vlkit_console("pretrain", "model=uniter", *jsonl_data(caps, store), *run_args(pre, 1))[0] == 0
+    weights = pre / "model" / "model.safetensors"
+    tensors = load_file(weights)
+    name = sorted(k for k in tensors if tensors[k].is_floating_point())[0]
+    tensors[name].view(-1)[0] = float("nan")
+    save_file(tensors, weights, metadata={"format": "pt", "family": "uniter"})
+    out = tmp_path / "run"
+    code, _, err = vlkit_console("pretrain", f"init={pre}", *jsonl_data(caps, store), *run_args(out))
+    assert code == 1 and f"the model's weights loaded with init={pre} hold NaN or inf before step 1" in err
+    assert repr(name) in err and "lr" not in err.split("hold NaN")[1] and _nothing_written(out)

@@ -36,3 +36,25 @@ def test_console_ends_the_process_group_even_when_the_command_fails(tmp_path, mo
     monkeypatch.setattr(commands, "extract_features", failing)
     code, _, err = vlkit_console("extract-features", f"images={tmp_path / 'images'}", f"out={tmp_path / 'f.h5'}")
     assert code == 1 and "no images" in err and not dist.is_initialized()
+
+
+def test_fit_releases_the_prepared_model_so_the_process_group_can_end(tmp_path, data):
+    """A DDP wrapper's reducer holds the gloo process group: while the trainer or its accelerator keeps the
+    wrapper, ``destroy_process_group`` cannot end the group and it is torn down at interpreter exit instead,
+    where it aborts now and then. After `Trainer.fit` neither holds it, and evaluation still works."""
+    import vlkit
+    from vlkit.data.pairs import ImageTextPairs, build_image_source, build_tokenizer
+    from vlkit.objectives import build_pretraining
+    from vlkit.train import Trainer, TrainerConfig
+
+    store, _, ids = data()
+    records = [{"id": f"e{k}", "image_id": ids[k % len(ids)], "caption": "a red circle"} for k in range(8)]
+    pairs = ImageTextPairs(records, build_tokenizer("shapes"), build_image_source({"path": str(store)}))
+    model = vlkit.build_model("uniter", preset="tiny", vocab_size=len(build_tokenizer("shapes")), v_feature_size=16,
+                              v_target_size=5)
+    module = build_pretraining(model, "uniter_mlm")
+    trainer = Trainer(module, TrainerConfig(output_dir=str(tmp_path / "run"), max_steps=1, warmup=0, batch_size=4,
+                                            progress=False, trackers=[]), eval_fn=lambda m: {"one": 1.0})
+    trainer.fit(trainer.loader(pairs, pairs.collator()))
+    assert trainer._model is None and trainer.accelerator._models == [] and trainer.accelerator._optimizers == []
+    assert trainer.evaluate() == {"one": 1.0}

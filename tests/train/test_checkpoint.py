@@ -68,7 +68,7 @@ def test_crash_during_save_keeps_previous(tmp_path, monkeypatch, make_module):
     real_save = torch.save
 
     def crash(obj, f, *args, **kwargs):
-        if str(f).endswith("scheduler.pt"):
+        if str(getattr(f, "name", f)).endswith("scheduler.pt"):  # a path or a file object
             real_save(obj, f, *args, **kwargs)
             raise OSError("disk full (simulated)")
         return real_save(obj, f, *args, **kwargs)

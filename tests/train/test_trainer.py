@@ -181,3 +181,15 @@ def test_hydra_presets_and_top_level_resume(tmp_path):
     assert (uniter.eps, uniter.grad_clip, uniter.warmup, uniter.schedule_offset) == (1e-6, 5.0, 10000, 1)
     with pytest.raises(ValueError, match="trainer.mixed_precision"):
         TrainerConfig.from_cfg({"mixed_precision": "fp8"})
+
+
+def test_resume_with_another_config_is_refused_before_loading(tmp_path, tiny, pairs):
+    """The Python API checks what the commands' preflight checks: the checkpoint's trainer config and run."""
+    from vlkit.train.resume import ResumeMismatchError
+
+    _fit(tiny, pairs, output_dir=tmp_path / "run", max_steps=3, save_every=3)
+    with pytest.raises(ResumeMismatchError, match=r"trainer.grad_accum=2 \(the checkpoint has 1\)"):
+        _fit(tiny, pairs, output_dir=tmp_path / "run", max_steps=5, save_every=3, grad_accum=2, resume=True)
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2, 3]  # nothing truncated or rewritten
+    resumed = _fit(tiny, pairs, output_dir=tmp_path / "run", max_steps=4, save_every=3, resume=True)
+    assert resumed.step == 4  # max_steps is a safe change

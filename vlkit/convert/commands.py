@@ -32,12 +32,12 @@ def convert(cfg) -> int:
     """Convert ``src`` (family ``family``) and write the vlkit run directory ``dst`` (with ``tokenizer``'s files)."""
     from vlkit.convert import from_official, save_converted
     from vlkit.data.tokenizers import TokenizerError, build_tokenizer
+    from vlkit.io import refuse_overwrite
     from vlkit.models.base import VLModel
     from vlkit.train.pipeline import plain
 
     dst = Path(cfg.dst)
-    if dst.exists() and any(dst.iterdir()) and not cfg.overwrite:
-        raise FileExistsError(f"{dst} is not empty; choose another dst= or pass overwrite=true")
+    refuse_overwrite(dst, cfg.overwrite, "dst")
     tokenizer = build_tokenizer(cfg.tokenizer, key="tokenizer") if cfg.get("tokenizer") else None
     options = dict(plain(cfg.options) or {})
     if cfg.answers:

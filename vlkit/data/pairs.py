@@ -26,13 +26,13 @@ from vlkit.data import formats
 from vlkit.data.tokenizers import build_tokenizer
 from vlkit.registry import register_dataset
 from vlkit.types import VLBatch
-from vlkit.validate import DataError, SkipLog, check_on_error, decode_image
+from vlkit.validate import (IMAGE_SUFFIXES, DataError, SkipLog, check_on_error, check_unique_ids, decode_image,
+                            image_folder)
 
 log = logging.getLogger("vlkit.data")
 # what an image source raises for one bad image: a missing id, an unreadable or invalid file or store entry
 IMAGE_ERRORS = (DataError, KeyError, OSError, RuntimeError)
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 
 
 # --------------------------------------------------------------------------------------------
@@ -86,21 +86,13 @@ class RegionSource:
 class FolderImages:
     """``image_id`` -> PIL image of ``root/**/<image_id>.<ext>`` (the folder is indexed once)."""
 
-    def __init__(self, root: str | os.PathLike, extensions: Sequence[str] = IMAGE_EXTENSIONS):
+    def __init__(self, root: str | os.PathLike, extensions: Sequence[str] = IMAGE_SUFFIXES):
         self.root, self.extensions = Path(root), tuple(e.lower() for e in extensions)
         self._index: dict[str, Path] | None = None
 
     def _build_index(self) -> dict[str, Path]:
-        if not self.root.is_dir():
-            raise FileNotFoundError(f"image folder {self.root} does not exist")
-        index: dict[str, Path] = {}
-        for path in sorted(self.root.rglob("*")):
-            if path.suffix.lower() in self.extensions:
-                if path.stem in index:
-                    raise ValueError(f"image folder {self.root}: two images are named {path.stem!r} "
-                                     f"({index[path.stem]} and {path})")
-                index[path.stem] = path
-        return index
+        """The folder's images (`vlkit.validate.image_folder`: subfolders included, other files counted and logged)."""
+        return image_folder(self.root, self.extensions).images
 
     def ids(self) -> set[str]:
         """Every image id of the folder."""
@@ -189,6 +181,7 @@ class ImageTextPairs(torch.utils.data.Dataset):
             raise KeyError(f"ImageTextPairs: records lack {', '.join(sorted(missing))} (have {data.column_names})")
         if max_len < 3:
             raise ValueError(f"ImageTextPairs: max_len={max_len} leaves no room for a caption")
+        check_unique_ids(data["id"], "example")  # the skip policy and the preflight name examples by id
         self.on_error = check_on_error(on_error or getattr(image_source, "on_error", None) or "raise")
         if skips is None:
             skips = getattr(image_source, "skips", None)

@@ -4,7 +4,8 @@ A shard directory holds ``pairs-<k>.parquet`` files of ``shard_size`` rows each 
 row groups of ``row_group_size`` rows, columns ``id``, ``image_id``, ``caption`` and, for pixel families,
 ``image`` (the encoded image file's bytes, PNG for the shapes world), plus ``shards.json``: the format,
 the source, the columns and every shard's file name and row count, written last, so a directory without
-it is an unfinished `write_shards`. Every shard is written to a temporary file and renamed (atomic).
+it is not a pair-shard directory. The whole directory is written beside ``out`` and renamed into place
+when complete (atomic); an existing ``out`` is replaced only with ``overwrite=true``.
 
 ``vlkit make-shards source=jsonl|cc|sbu|shapes out=DIR ...`` writes them from the readers of
 `vlkit.data.formats` (``images=DIR`` adds the image bytes of an image folder) or from the shapes world.
@@ -16,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from vlkit.io import atomic_path, atomic_write_text
+from vlkit.io import atomic_directory, refuse_overwrite
 
 MANIFEST = "shards.json"
 FORMAT = "vlkit-pair-shards"
@@ -36,56 +37,64 @@ def _schema(with_image: bool):
 
 def write_shards(records: Iterable[dict[str, Any]], out: str | os.PathLike, shard_size: int = 10000,
                  row_group_size: int = 1000, image_bytes: Callable[[str], bytes] | None = None,
-                 source: str = "") -> Path:
+                 source: str = "", overwrite: bool = False) -> Path:
     """Write ``records`` (dicts with ``id``, ``image_id``, ``caption``) as Parquet shards in ``out``;
     ``image_bytes(image_id)`` adds each image's encoded bytes. Records are consumed one shard at a time
-    (memory: one shard). Returns ``out``."""
+    (memory: one shard). The shards are written into a new folder beside ``out`` that replaces it only
+    when complete: an existing ``out`` is refused unless ``overwrite``, and kept whole if writing fails.
+    Returns ``out``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     if shard_size < 1 or row_group_size < 1:
         raise ValueError(f"shard_size={shard_size} and row_group_size={row_group_size} must be positive")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST).unlink(missing_ok=True)
-    for old in out.glob("pairs-*.parquet"):
-        old.unlink()
+    refuse_overwrite(out, overwrite)
     schema = _schema(image_bytes is not None)
     shards: list[dict[str, Any]] = []
+    with atomic_directory(out) as tmp:
 
-    def flush(rows: list[dict[str, Any]]) -> None:
-        path = out / f"pairs-{len(shards):05d}.parquet"
-        with atomic_path(path) as tmp:
-            pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp, row_group_size=row_group_size)
-        shards.append({"file": path.name, "rows": len(rows)})
+        def flush(rows: list[dict[str, Any]]) -> None:
+            name = f"pairs-{len(shards):05d}.parquet"
+            pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp / name, row_group_size=row_group_size)
+            shards.append({"file": name, "rows": len(rows)})
 
-    rows: list[dict[str, Any]] = []
-    for n, rec in enumerate(records):
-        try:
-            row = {"id": str(rec["id"]), "image_id": str(rec["image_id"]), "caption": str(rec["caption"])}
-        except KeyError as e:
-            raise ShardError(f"record {n} ({rec.get('id', '?')!r}) lacks {e.args[0]!r}; pair records need id, "
-                             "image_id and caption") from None
-        if image_bytes is not None:
-            row["image"] = image_bytes(row["image_id"])
-        rows.append(row)
-        if len(rows) == shard_size:
+        rows: list[dict[str, Any]] = []
+        for n, rec in enumerate(records):
+            try:
+                row = {"id": str(rec["id"]), "image_id": str(rec["image_id"]), "caption": str(rec["caption"])}
+            except KeyError as e:
+                raise ShardError(f"record {n} ({rec.get('id', '?')!r}) lacks {e.args[0]!r}; pair records need id, "
+                                 "image_id and caption") from None
+            if image_bytes is not None:
+                row["image"] = image_bytes(row["image_id"])
+            rows.append(row)
+            if len(rows) == shard_size:
+                flush(rows)
+                rows = []
+        if rows:
             flush(rows)
-            rows = []
-    if rows:
-        flush(rows)
-    if not shards:
-        raise ShardError(f"{out}: no records to write")
-    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "source": source, "columns": schema.names,
-                "rows": sum(s["rows"] for s in shards), "shards": shards}
-    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1))
+        if not shards:
+            raise ShardError(f"{out}: no records to write" + (" (the existing shards are kept)" if out.exists() else ""))
+        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "source": source, "columns": schema.names,
+                    "rows": sum(s["rows"] for s in shards), "shards": shards}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return out
+
+
+def open_parquet(file: str | os.PathLike):
+    """``pyarrow.parquet.ParquetFile(file)``; a truncated or foreign file is a `ShardError` naming it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(file)
+    except (pa.ArrowException, OSError) as e:
+        raise ShardError(f"{file}: not a readable Parquet shard, truncated or corrupt ({type(e).__name__}: {e})") from e
 
 
 def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
     """``shards.json`` of a shard directory, checked against its files (present, of the recorded row count)."""
-    import pyarrow.parquet as pq
-
     directory = Path(directory)
     path = directory / MANIFEST
     if not path.is_file():
@@ -103,7 +112,7 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
         file = directory / shard["file"]
         if not file.is_file():
             raise ShardError(f"{file}: listed in {path} but missing")
-        rows = pq.ParquetFile(file).metadata.num_rows
+        rows = open_parquet(file).metadata.num_rows
         if rows != shard["rows"]:
             raise ShardError(f"{file}: {rows} rows, {path} says {shard['rows']}")
     return manifest
@@ -165,12 +174,13 @@ def make_shards_main(cfg: Any) -> int:
         records = formats.read_sbu(cfg.captions, cfg.urls, cfg.get("image_id") or "index")
     else:
         raise ValueError(f"unknown make-shards source={source!r}; use jsonl, cc, sbu or shapes")
-    out = write_shards(records, cfg.out, cfg.shard_size, cfg.row_group_size, image_bytes, source=source)
+    out = write_shards(records, cfg.out, cfg.shard_size, cfg.row_group_size, image_bytes, source=source,
+                       overwrite=bool(cfg.get("overwrite")))
     manifest = read_manifest(out)
     print(f"{out}: {manifest['rows']} pairs in {len(manifest['shards'])} shards"
           f"{' with image bytes' if 'image' in manifest['columns'] else ''}")
     return 0
 
 
-__all__ = ["MANIFEST", "ShardError", "make_shards_main", "read_manifest", "shapes_png", "shapes_records",
+__all__ = ["MANIFEST", "ShardError", "make_shards_main", "open_parquet", "read_manifest", "shapes_png", "shapes_records",
            "write_shards"]

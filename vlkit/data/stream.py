@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from vlkit.data.pairs import IMAGE_ERRORS, VLCollator, _to_tensor, build_image_source
-from vlkit.data.shards import ShardError, read_manifest
+from vlkit.data.shards import ShardError, open_parquet, read_manifest
 from vlkit.data.tokenizers import build_tokenizer
 from vlkit.registry import register_dataset
 from vlkit.validate import SkipLog, check_on_error, decode_image
@@ -147,12 +147,10 @@ class StreamedPairs(torch.utils.data.IterableDataset):
             yield pos
 
     def _row_group_starts(self, shard: int) -> list[int]:
-        import pyarrow.parquet as pq
-
         if self._groups is None:
             self._groups = [[] for _ in self.files]
         if not self._groups[shard]:
-            meta = pq.ParquetFile(self.files[shard]).metadata
+            meta = open_parquet(self.files[shard]).metadata
             starts, n = [], 0
             for g in range(meta.num_row_groups):
                 starts.append(n)
@@ -162,8 +160,6 @@ class StreamedPairs(torch.utils.data.IterableDataset):
 
     def _reader(self) -> Callable[[int, int], dict[str, Any]]:
         """``read(shard, row)`` -> the row's columns, reading whole row groups through a small LRU cache."""
-        import pyarrow.parquet as pq
-
         cache: OrderedDict[tuple[int, int], dict[str, list]] = OrderedDict()
         files: dict[int, Any] = {}
         capacity = self.cache_row_groups
@@ -175,7 +171,7 @@ class StreamedPairs(torch.utils.data.IterableDataset):
             key = (shard, g)
             if key not in cache:
                 if shard not in files:
-                    files[shard] = pq.ParquetFile(self.files[shard])
+                    files[shard] = open_parquet(self.files[shard])
                 try:
                     cache[key] = files[shard].read_row_group(g).to_pydict()
                 except OSError as e:

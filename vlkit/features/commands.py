@@ -6,23 +6,16 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
-
-
 def image_files(directory: str | Path) -> list[tuple[str, Path]]:
-    """``(image_id, path)`` for the images of ``directory`` (sorted; the id is the file stem)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise NotADirectoryError(f"{directory}: images must be a directory")
-    files = sorted(p for p in directory.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-    if not files:
-        raise FileNotFoundError(f"{directory}: no images ({', '.join(IMAGE_SUFFIXES)})")
-    seen: dict[str, Path] = {}
-    for p in files:
-        if p.stem in seen:
-            raise ValueError(f"{directory}: {seen[p.stem].name} and {p.name} give the same image id {p.stem!r}")
-        seen[p.stem] = p
-    return list(seen.items())
+    """``(image_id, path)`` for the images of ``directory`` and its subfolders (sorted; the id is the file stem),
+    as the pixel families' image folders read them; files that are not read are counted and logged per reason."""
+    from vlkit.validate import IMAGE_SUFFIXES, image_folder
+
+    folder = image_folder(directory)
+    if not folder.images:
+        raise FileNotFoundError(f"{directory}: no images ({', '.join(IMAGE_SUFFIXES)})"
+                                + (f"; {folder.report()}" if folder.not_read else ""))
+    return sorted(folder.images.items())
 
 
 def _extraction_options(cfg: Any) -> dict[str, Any]:

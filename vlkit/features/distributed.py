@@ -127,6 +127,8 @@ def launch(function: Callable[..., Any], args: Sequence[Any], processes: int, cp
     from accelerate.utils import PrepareForLaunch, patch_environment
     from torch.multiprocessing import start_processes
 
+    from vlkit.runtime import stop_processes
+
     import torch
 
     # the parent's torch threads (the command's threads=) in every process: the same kernels, the same features
@@ -135,8 +137,14 @@ def launch(function: Callable[..., Any], args: Sequence[Any], processes: int, cp
     if cpu:
         env.update(accelerate_use_cpu="yes", gloo_socket_ifname="lo")  # one machine: loopback (as accelerate's debug_launcher)
     with patch_environment(**env):
-        start_processes(PrepareForLaunch(function, distributed_type="MULTI_CPU" if cpu else "MULTI_GPU"),
-                        args=tuple(args), nprocs=processes, start_method="spawn")
+        context = start_processes(PrepareForLaunch(function, distributed_type="MULTI_CPU" if cpu else "MULTI_GPU"),
+                                  args=tuple(args), nprocs=processes, join=False, start_method="spawn")
+    try:
+        while not context.join():
+            pass
+    except BaseException:  # a failed process, or this one interrupted: no process outlives the launch
+        stop_processes(context.processes)
+        raise
 
 
 def distributed_extraction(images: Sequence[tuple[str, Any]], out: str | os.PathLike, device: str = "auto",

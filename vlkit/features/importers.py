@@ -229,11 +229,16 @@ def import_features(
     }
     skips = SkipLog(skipped_path(out)) if on_error == "skip" else None
     with FeatureStoreWriter(out, provenance=provenance, resume=resume, dtype=dtype) as w:
+        resumed, seen = set(w.done_ids), {}  # stored by an earlier run; image id -> where this import read it
         for image_id, parse in tqdm(records, desc=f"import {format}", unit="img", disable=not progress):
-            if image_id in w.done_ids:
-                continue
             where = getattr(parse, "where", None)
+            if image_id in resumed:
+                continue
             try:
+                if image_id in seen:  # the same image twice in the source: refused (skip: the second recorded)
+                    raise DataError(f"image {image_id!r} appears again (first at {seen[image_id] or 'an earlier record'}); "
+                                    "an import holds each image once")
+                seen[image_id] = where
                 w.add(image_id, **parse())
             except (DataError, ValueError, KeyError) as err:
                 message = str(err).strip("'\"") if isinstance(err, KeyError) else str(err)

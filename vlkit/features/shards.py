@@ -21,7 +21,7 @@ from typing import Any
 
 from vlkit.features.store import (FeatureStoreError, _copy_images, _file_attrs, _open_h5, _provenance_diff,
                                   _unkey)
-from vlkit.io import atomic_path, atomic_write_text
+from vlkit.io import atomic_path, atomic_write_text, refuse_overwrite
 
 INDEX = "index.json"
 INDEX_FORMAT = "vlkit-features-index"
@@ -136,10 +136,11 @@ def read_index(directory: str | os.PathLike) -> dict[str, Any]:
     return index
 
 
-def merge_shards(directory: str | os.PathLike, out: str | os.PathLike) -> Path:
+def merge_shards(directory: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> Path:
     """Join the shards of ``directory`` into the one-file store ``out`` (atomically); the shards are checked
-    against each other first (`build_index`)."""
+    against each other first (`build_index`). An existing ``out`` is refused unless ``overwrite``."""
     directory, out = Path(directory), Path(out)
+    refuse_overwrite(out, overwrite)
     build_index(directory)
     index = read_index(directory)
     sources = [directory / s["file"] for s in index["shards"]]
@@ -161,7 +162,7 @@ def merge_features(cfg: Any) -> int:
     """``vlkit merge-features src=DIR [out=FILE.h5]``: build DIR's index, and with ``out`` join its shards."""
     directory = Path(cfg.src)
     if cfg.get("out"):
-        out = merge_shards(directory, cfg.out)
+        out = merge_shards(directory, cfg.out, bool(cfg.get("overwrite")))
         print(f"{out}: {len(read_index(directory)['shards'])} shards of {directory} joined")
     else:
         path = build_index(directory)

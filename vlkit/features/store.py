@@ -28,6 +28,7 @@ The number of boxes is chosen at load time: a fixed ``num_bb`` (first rows) or, 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -38,6 +39,8 @@ import numpy as np
 
 from vlkit.io import atomic_path, remove_orphans
 from vlkit.validate import DataError, region_problems
+
+log = logging.getLogger(__name__)
 
 FORMAT = "vlkit-features"
 FORMAT_VERSION = 1
@@ -276,8 +279,10 @@ class FeatureStoreWriter:
                 self._write_attrs(f)
                 for image_id, rows in self._buffer:
                     g = f.create_group(_key(image_id))
-                    g.attrs["image_h"], g.attrs["image_w"] = rows.pop("image_h"), rows.pop("image_w")
+                    g.attrs["image_h"], g.attrs["image_w"] = rows["image_h"], rows["image_w"]
                     for name, arr in rows.items():
+                        if name in ("image_h", "image_w"):
+                            continue
                         g.create_dataset(name, data=arr, compression=self.compression if arr.ndim == 2 else None)
         self._buffer.clear()
         self._levels[shard.name] = 0
@@ -330,8 +335,12 @@ class FeatureStoreWriter:
         if exc_type is None:
             self.close()
         else:  # keep what is complete for a resumed run; never publish a partial store
-            self.flush()
             self._closed = True
+            try:
+                self.flush()
+            except Exception as err:  # noqa: BLE001 - the first failure (a full disk fails this flush too) is reported
+                log.warning("%s: the last %d buffered image(s) could not be kept (%s); a resumed run extracts them "
+                            "again", self.path, len(self._buffer), err)
 
 
 def _copy_images(sources: list[Path], dst) -> int:

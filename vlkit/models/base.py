@@ -20,6 +20,15 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
 
+class UnknownFieldError(UnknownNameError, TypeError):
+    """Model config keys the family's config does not have (a typo, or a key of a newer vlkit)."""
+
+    def __init__(self, config_class: type, unknown: list[str], where: str = ""):
+        fields = sorted(f.name for f in dataclasses.fields(config_class))
+        named = "; ".join(f"model.{k}{did_you_mean(k, fields)}" for k in unknown)
+        super().__init__(f"{where}{config_class.family} models have no field {named}; fields: {', '.join(fields)}")
+
+
 @dataclasses.dataclass
 class ModelConfig:
     """Base of the family configs: a dataclass whose presets are plain dicts of field values."""
@@ -39,7 +48,7 @@ class ModelConfig:
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(overrides) - fields)
         if unknown:
-            raise TypeError(f"{cls.__name__} has no field(s) {', '.join(unknown)}; fields: {', '.join(sorted(fields))}")
+            raise UnknownFieldError(cls, unknown)
         return cls(**{**cls.presets[preset], **overrides, "preset": preset})
 
     def to_dict(self) -> dict[str, Any]:

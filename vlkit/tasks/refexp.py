@@ -61,6 +61,19 @@ def region_ious(batch: VLBatch, boxes: str = "continuous") -> Tensor:
     return refexp_iou(regions, ref, boxes).view(b, k).to(regions) * batch.region_mask.to(regions)
 
 
+def check_ref_boxes(refs: list[Mapping[str, Any]], where: Any) -> None:
+    """`DataError` listing every referred box (xyxy px) that is not finite, not ordered or outside its image
+    (``image_size``: h, w): such a box would be scored (IoU 0) instead of refused."""
+    from vlkit.validate import DataError, box_problems
+
+    bad = [f"ref {r['id']!r} (image {r['image_id']!r}): {'; '.join(problems)}" for r in refs
+           if (problems := box_problems([r["bbox"]], *r["image_size"]))]
+    if bad:
+        more = f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise DataError(f"refexp data {where}: {len(bad)} referred box(es) do not fit their image: "
+                        f"{'; '.join(bad[:5])}{more}")
+
+
 def _refexp_targets(row: Mapping[str, Any]) -> dict[str, Tensor]:
     return {"ref_box": torch.tensor(row["ref_box"], dtype=torch.float32),
             "image_hw": torch.tensor(row["image_hw"], dtype=torch.float32)}
@@ -193,6 +206,7 @@ class RefExp(Task):
             refs = formats.read_refs(cfg["refs"], cfg["instances"], image_id_format=cfg.get("image_id_format", "{}"))
         else:
             raise ValueError(f"refexp: unknown source {source!r}; use shapes or files")
+        check_ref_boxes(refs, cfg.get("refs") or "the shapes world")
 
         def dataset(splits: Any) -> Any:
             wanted = {splits} if isinstance(splits, str) else set(splits)

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from vlkit.io import UnreadableFileError, atomic_write_text, honour_umask, key_difference, sha256_file, torch_load_weights
+from vlkit.io import (UnreadableFileError, atomic_write_text, honour_umask, key_difference, sha256_file,
+                      torch_load_weights, write_failures)
 
 WEIGHTS = "model.safetensors"
 STATE = "trainer_state.json"
@@ -96,21 +97,25 @@ def save_checkpoint(root: str | os.PathLike, step: int, module: nn.Module, optim
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
-    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{step}.", dir=root))
+    with write_failures(final):
+        tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{step}.", dir=root))
     try:
-        save_model(module, str(tmp / WEIGHTS), metadata={"format": "pt", "step": str(step)})
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        torch.save({"ranks": list(rng_states)}, tmp / "rng.pt")
-        if scaler is not None:
-            torch.save(scaler.state_dict(), tmp / "scaler.pt")
+        with write_failures(final / WEIGHTS):
+            save_model(module, str(tmp / WEIGHTS), metadata={"format": "pt", "step": str(step)})
+        objects = {"optimizer.pt": optimizer.state_dict(), "scheduler.pt": scheduler.state_dict(),
+                   "rng.pt": {"ranks": list(rng_states)}, **({"scaler.pt": scaler.state_dict()} if scaler is not None else {})}
+        for name, obj in objects.items():
+            with write_failures(final / name), open(tmp / name, "wb") as f:  # a file object: a full disk is ENOSPC
+                torch.save(obj, f)
         files = {}
         for path in sorted(tmp.iterdir()):
-            _fsync(path)
+            with write_failures(final / path.name):  # a full disk may show only when the data is synced
+                _fsync(path)
             files[path.name] = _digest(path)
         meta = {**state, "step": step, "files": files}
-        (tmp / STATE).write_text(json.dumps(meta, indent=2, sort_keys=True))
-        _fsync(tmp / STATE)
+        with write_failures(final / STATE):
+            (tmp / STATE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+            _fsync(tmp / STATE)
         honour_umask(tmp, recursive=True)  # mkdtemp makes 0700, safetensors 0600
         if final.exists():  # the same step saved again: swap it out, then drop the old copy
             old = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{step}.old.", dir=root))
@@ -138,8 +143,8 @@ def remove_stale_temporaries(root: str | os.PathLike) -> None:
 
 
 # -- load ------------------------------------------------------------------------------------------
-def read_state(path: str | os.PathLike) -> dict[str, Any]:
-    """``trainer_state.json`` of a checkpoint, after checking the size and hash of every file."""
+def read_state(path: str | os.PathLike, verify: bool = True) -> dict[str, Any]:
+    """``trainer_state.json`` of a checkpoint, after checking the size and hash of every file (``verify``)."""
     path = Path(path)
     state_file = path / STATE
     if not state_file.is_file():
@@ -149,7 +154,7 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
         files = meta["files"]
     except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{state_file} is corrupt ({err})") from err
-    for name, expected in files.items():
+    for name, expected in (files.items() if verify else ()):
         file = path / name
         if not file.is_file():
             raise CheckpointError(f"{file} is missing from the checkpoint")

@@ -18,6 +18,7 @@ import torch
 
 from vlkit.models.base import VLModel, split_model_config, from_pretrained
 from vlkit.registry import DATASETS, MODELS, TASKS
+from vlkit.train.resume import run_record
 from vlkit.validate import DataError, SkipLog
 
 PRETRAINING_WEIGHTS = "pretraining.safetensors"
@@ -261,11 +262,11 @@ class RecordingLoader:
 
 
 def _fit(module: torch.nn.Module, dataset: Any, collate: Any, trainer_cfg: Any, output_dir: str | Path, seed: int,
-         seen: list[str] | None, lengths: Any = None, data_source: str | None = None):
+         seen: list[str] | None, lengths: Any = None, data_source: str | None = None, run: Any = None):
     from vlkit.train.trainer import NonFiniteLossError, Trainer, TrainerConfig
 
     config = TrainerConfig.from_cfg(trainer_cfg, output_dir=str(output_dir), seed=seed)
-    trainer = Trainer(module, config)
+    trainer = Trainer(module, config, run=run)
     needs_lengths = config.batching == "units" or config.group_by_length
     loader = trainer.loader(dataset, collate, lengths() if needs_lengths and lengths is not None else None)
     try:
@@ -274,6 +275,13 @@ def _fit(module: torch.nn.Module, dataset: Any, collate: Any, trainer_cfg: Any, 
         if data_source and data_source not in str(err):
             raise NonFiniteLossError(f"{err} [data: {data_source}]") from err
         raise
+
+
+def _examples(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except TypeError:  # a stream
+        return None
 
 
 def _resume(trainer_cfg: Any) -> bool:
@@ -315,11 +323,13 @@ def pretrain_model(env: Environment, model: VLModel, mix: Any, trainer_cfg: Any,
     check.check_masking(mix, env.tokenizer)
     dataset = pretraining_dataset(env)
     check.check_data("pre-training", dataset, model)
+    run = run_record(model, env.data, _examples(dataset), objectives=mix, seed=seed)
+    check_run(check, trainer_cfg, output_dir, seed, model, dataset, "pre-training", run)
     check.finish(output_dir)
     pre = build_pretraining(model, mix, tokenizer=env.tokenizer, seed=seed)
     _fit_tokenizers(pre, dataset)
     result = _fit(pre, dataset, dataset.collator(), trainer_cfg, output_dir, seed, seen,
-                  getattr(dataset, "lengths", None), data_source(env))
+                  getattr(dataset, "lengths", None), data_source(env), run)
     save_run(Path(output_dir), pre, {"kind": "pretrain", "family": model.family, "objectives": mix, "seed": seed,
                                      "data": env.data, "steps": result.step}, env.tokenizer)
     return pre, result
@@ -349,6 +359,8 @@ def finetune_task(env: Environment, model: Any, task_cfg: Mapping[str, Any], tra
     if data is None:
         data = cls.build_data(task_cfg, env.tokenizer, env.image_source, env.world)
     check_task_data(check, name, data, model, eval_splits)
+    run = run_record(model, env.data, _examples(data.train), task=task_cfg, seed=seed)
+    check_run(check, trainer_cfg, output_dir, seed, model, data.train, f"{name} train", run)
     check.finish(output_dir)
     options = {**data.options, **(task_cfg.get("options") or {})}
     pretraining = None
@@ -360,13 +372,22 @@ def finetune_task(env: Environment, model: Any, task_cfg: Mapping[str, Any], tra
     task = build_task(name, model, **options)
     collate = data.collate or data.train.collator()
     result = _fit(task, data.train, collate, trainer_cfg, output_dir, seed, seen, getattr(data.train, "lengths", None),
-                  data_source(env))
+                  data_source(env), run)
     metrics = evaluate_task(task, data, eval_splits, task_cfg.get("eval_batch_size", 64))
     info = {"kind": "finetune", "task": name, "family": task.model.family, "options": _jsonable(options),
             "seed": seed, "data": env.data, "task_cfg": task_cfg, "steps": result.step, "metrics": metrics,
             "pretraining": pretraining}
     save_run(Path(output_dir), task, info, env.tokenizer)
     return task, data, result, metrics
+
+
+def check_run(check: Any, trainer_cfg: Any, output_dir: str | Path, seed: int, model: Any, dataset: Any, name: str,
+              run: Mapping[str, Any]) -> None:
+    """The preflight of a run's settings: the trainer config against the data, the model's weights, and with
+    ``resume=true`` the checkpoint's configuration against ``run`` (`vlkit.train.resume.run_record`)."""
+    config = check.check_trainer(trainer_cfg, output_dir, seed, dataset, name)
+    check.check_weights(model)
+    check.check_resume(output_dir, config, run)
 
 
 def check_task_data(check: Any, name: str, data: Any, model: Any, eval_splits: tuple[str, ...]) -> None:
@@ -383,7 +404,9 @@ def check_task_data(check: Any, name: str, data: Any, model: Any, eval_splits: t
 def evaluate_task(task: Any, data: Any, splits: tuple[str, ...], batch_size: int = 64) -> dict[str, float]:
     """``<split>/<metric>`` of ``task`` on each split. Never scores NaN: weights that hold NaN / inf, and
     a metric that comes out NaN / inf, are errors naming the parameter or the metric."""
-    bad = [n for n, p in task.named_parameters() if not torch.isfinite(p).all()]
+    from vlkit.validate import nonfinite_parameters
+
+    bad = nonfinite_parameters(task)
     if bad:
         raise FloatingPointError(f"task {task.name!r}: the weights hold NaN or inf ({', '.join(bad[:3])}"
                                  f"{' ...' if len(bad) > 3 else ''}); refusing to evaluate a diverged model")

@@ -102,6 +102,7 @@ class Preflight:
         self.problems: list[str] = []
         self.notes: dict[str, Any] = {}
         self._skips: list[SkipLog] = []
+        self._init: Any = None
 
     def problem(self, text: str) -> None:
         if text not in self.problems:
@@ -111,6 +112,9 @@ class Preflight:
     def check_output_dir(self, output_dir: str | os.PathLike, resume: bool, key: str = "trainer.output_dir") -> None:
         from vlkit.train.trainer import previous_run
 
+        if not str(output_dir).strip():
+            self.problem(f"{key} is empty: name the folder the run writes to")
+            return
         out = Path(output_dir)
         if out.exists() and not out.is_dir():
             self.problem(f"{key}={out} is a file, not a folder")
@@ -122,8 +126,13 @@ class Preflight:
         parent = out
         while not parent.exists() and parent != parent.parent:
             parent = parent.parent
-        if parent.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        if parent.exists() and not parent.is_dir():
+            self.problem(f"{key}={out}: {parent} is a file, not a folder")
+        elif parent.exists() and not os.access(parent, os.W_OK | os.X_OK):
             self.problem(f"{key}={out}: {parent} is not writable")
+        for name in (CHECKPOINTS, "model"):  # folders the run writes into
+            if (out / name).exists() and not (out / name).is_dir():
+                self.problem(f"{key}={out}: {out / name} is a file where the run writes a folder; move it away")
 
     # -- init= ---------------------------------------------------------------------------------------
     def check_init(self, init: str | os.PathLike | None, model_cfg: Mapping[str, Any],
@@ -132,10 +141,13 @@ class Preflight:
         keys it would override are problems."""
         if not init:
             return None
+        self._init = init
         try:
             path, saved = read_init(init)
         except DataError as err:
             self.problem(str(err))
+            return None
+        if not self._known_config(init, path, saved):
             return None
         explicit = set(explicit)
         wanted = dict(model_cfg)
@@ -148,6 +160,27 @@ class Preflight:
                 self.problem(f"{key}={wanted.get(field)} is ignored with init={init}: the model comes from {path}"
                              + (f" ({field}={saved[field]})" if field in saved else "") + f"; drop {key}")
         return saved
+
+    def _known_config(self, init: Any, path: Path, saved: Mapping[str, Any]) -> bool:
+        """Whether this vlkit knows the saved model's family and every key of its config (a newer vlkit's run may
+        hold keys this one lacks)."""
+        import dataclasses
+
+        from vlkit import __version__
+        from vlkit.registry import MODELS, UnknownNameError
+
+        try:
+            config_class = MODELS.get(saved["name"]).config_class
+        except UnknownNameError as err:
+            self.problem(f"init={init}: {path}: {str(err).strip(chr(39))} (is the plugin that provides it installed?)")
+            return False
+        fields = {f.name for f in dataclasses.fields(config_class)}
+        unknown = sorted(set(saved) - fields - {"name"})
+        if unknown:
+            self.problem(f"init={init}: {path} holds {saved['name']} config key(s) {', '.join(unknown)} that this "
+                         f"vlkit ({__version__}) does not know: it was written by a newer vlkit (upgrade vlkit to "
+                         f"load it) or edited by hand")
+        return not unknown
 
     # -- the objective mix ---------------------------------------------------------------------------
     def check_mix(self, model: Any, mix: Any, image_source: Any = None) -> None:
@@ -313,6 +346,64 @@ class Preflight:
             self.problem(f"{name} data: {reason}")
         if len(invalid) > 5:
             self.problem(f"{name} data: {len(invalid) - 5} more invalid image(s): {first(list(invalid)[5:])}")
+
+    # -- the trainer settings, the weights and a resumed checkpoint --------------------------------------
+    def check_trainer(self, trainer_cfg: Any, output_dir: str | os.PathLike, seed: int, dataset: Any = None,
+                      name: str = "training") -> Any:
+        """The run's `TrainerConfig` (None when it has problems): every numeric and path setting (NaN, inf,
+        out of range, empty) and a fixed batch larger than the training data (no complete batch to train on)."""
+        from vlkit.train.trainer import TrainerConfig, TrainerConfigError
+
+        try:
+            config = TrainerConfig.from_cfg(trainer_cfg, output_dir=str(output_dir), seed=seed)
+        except TrainerConfigError as err:
+            for text in err.problems:
+                self.problem(text)
+            return None
+        try:
+            examples = len(dataset) if dataset is not None else None
+        except TypeError:  # a stream: its size is unknown before it is read
+            examples = None
+        if config.batching == "fixed" and config.drop_last and examples is not None and examples < config.batch_size:
+            self.problem(f"trainer.batch_size={config.batch_size} is larger than the {examples} example(s) of the "
+                         f"{name} data: with trainer.drop_last=true no batch is complete; lower trainer.batch_size "
+                         f"to at most {examples} or set trainer.drop_last=false")
+        return config
+
+    def check_weights(self, model: Any) -> None:
+        """The model's parameters and buffers are finite (weights loaded with ``init=`` may not be)."""
+        from vlkit.validate import nonfinite_parameters
+
+        bad = nonfinite_parameters(model)
+        if bad:
+            where = f" loaded with init={self._init}" if self._init else ""
+            self.problem(f"the model's weights{where} hold NaN or inf before step 1: {first(bad)}; "
+                         "train from a run whose weights are finite")
+
+    def check_resume(self, output_dir: str | os.PathLike, config: Any, run: Mapping[str, Any]) -> None:
+        """With ``resume=true``, the newest checkpoint's trainer config and run against this run's
+        (`vlkit.train.resume.differences`): every difference outside the safe keys is a problem."""
+        from vlkit.train import checkpoint as ckpt
+        from vlkit.train.resume import SAFE_TO_CHANGE, differences
+        from vlkit.train.trainer import CHECKPOINTS
+
+        if config is None or not config.resume:
+            return
+        path = ckpt.latest_checkpoint(Path(output_dir) / CHECKPOINTS)
+        if path is None:
+            return
+        try:
+            saved = ckpt.read_state(path, verify=False)
+        except ckpt.CheckpointError as err:
+            self.problem(str(err))
+            return
+        found = differences(saved, {"config": config.to_dict(), "run": dict(run)})
+        for text in found:
+            self.problem(f"resume=true: {text}, saved in {path}")
+        if found:
+            self.problem("resume=true continues a run only with the configuration it was saved with: resume with "
+                         "the checkpoint's values or start a new run in another trainer.output_dir (safe to change: "
+                         f"{', '.join(SAFE_TO_CHANGE)})")
 
     # -- the report ----------------------------------------------------------------------------------
     def finish(self, output_dir: str | os.PathLike | None = None) -> None:

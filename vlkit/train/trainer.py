@@ -38,6 +38,14 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 
 
+class TrainerConfigError(ValueError):
+    """Values a `TrainerConfig` cannot train with; ``problems`` lists each, naming its key."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
+
+
 @dataclass
 class TrainerConfig:
     """Mirrored by ``conf/trainer/default.yaml``; each family's official recipe in `trainer_presets`."""
@@ -89,24 +97,47 @@ class TrainerConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise TrainerConfigError(problems)
+
+    def problems(self) -> list[str]:
+        """Every value this config cannot train with (NaN, inf, out of range, empty), each naming its key."""
+        out = []
         for name, allowed in (("no_decay", NO_DECAY_RULES), ("schedule", SCHEDULES),
                               ("mixed_precision", MIXED_PRECISION), ("batching", BATCHING),
                               ("adamw_rule", ADAMW_RULES), ("adamw_impl", ADAMW_IMPLS)):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"trainer.{name}={getattr(self, name)!r}; choose one of {', '.join(allowed)}")
-        for name in ("max_steps", "grad_accum", "log_every", "batch_size", "max_units"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
+                out.append(f"trainer.{name}={getattr(self, name)!r}; choose one of {', '.join(allowed)}")
+        numbers = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                   if isinstance(getattr(self, f.name), (int, float)) and not isinstance(getattr(self, f.name), bool)}
+        numbers.update({f"betas[{k}]": b for k, b in enumerate(self.betas)})
+        bad = {name for name, value in numbers.items() if not math.isfinite(value)}
+        out += [f"trainer.{name}={numbers[name]} is not a finite number" for name in sorted(bad)]
+        for name in ("max_steps", "grad_accum", "log_every", "batch_size", "max_units", "bucket_size", "size_multiple"):
+            if name not in bad and getattr(self, name) < 1:
+                out.append(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("eval_every", "save_every", "keep_checkpoints", "grad_clip", "num_workers", "lr", "eps",
-                     "group_by_length"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"trainer.{name} must be >= 0, got {getattr(self, name)}")
+                     "group_by_length", "weight_decay", "warmup", "power", "end_lr", "lr_mult", "schedule_offset"):
+            if name not in bad and getattr(self, name) < 0:
+                out.append(f"trainer.{name} must be >= 0, got {getattr(self, name)}")
+        if self.lr_mult_head is not None and "lr_mult_head" not in bad and self.lr_mult_head < 0:
+            out.append(f"trainer.lr_mult_head must be >= 0, got {self.lr_mult_head}")
         if len(self.betas) != 2:
-            raise ValueError(f"trainer.betas needs two values, got {list(self.betas)}")
-        warm = warmup_steps(self.warmup, self.max_steps)
-        if self.schedule != "constant" and warm >= self.max_steps:
-            raise ValueError(f"trainer.warmup={self.warmup} gives {warm} warm-up steps, not fewer than "
-                             f"trainer.max_steps={self.max_steps}")
+            out.append(f"trainer.betas needs two values, got {list(self.betas)}")
+        elif not all(0 <= b < 1 for b in self.betas):
+            out.append(f"trainer.betas={list(self.betas)}: each must be in [0, 1)")
+        if not str(self.output_dir).strip():
+            out.append("trainer.output_dir is empty: name the folder the run writes to")
+        if not {"max_steps", "warmup"} & bad and self.max_steps >= 1 and self.warmup >= 0:
+            try:
+                warm = warmup_steps(self.warmup, self.max_steps)
+            except ValueError as err:
+                return out + [f"trainer.warmup: {err}"]
+            if self.schedule != "constant" and warm >= self.max_steps:
+                out.append(f"trainer.warmup={self.warmup} gives {warm} warm-up steps, not fewer than "
+                           f"trainer.max_steps={self.max_steps}")
+        return out
 
     @classmethod
     def from_preset(cls, preset: str, **overrides: Any) -> "TrainerConfig":
@@ -227,12 +258,15 @@ class Trainer:
     """Drives a training module with Accelerate (see the module docstring)."""
 
     def __init__(self, module: nn.Module, config: TrainerConfig | Mapping[str, Any] | Any,
-                 eval_fn: Callable[[nn.Module], Mapping[str, float]] | None = None):
+                 eval_fn: Callable[[nn.Module], Mapping[str, float]] | None = None,
+                 run: Mapping[str, Any] | None = None):
+        """``run``: what the checkpoints record of the run besides the trainer config (`vlkit.train.resume.run_record`),
+        compared on resume."""
         from accelerate import Accelerator
         from accelerate.utils import DistributedDataParallelKwargs
 
         self.cfg = config if isinstance(config, TrainerConfig) else TrainerConfig.from_cfg(config)
-        self.module, self.eval_fn = module, eval_fn
+        self.module, self.eval_fn, self.run = module, eval_fn, dict(run or {})
         self.output_dir = Path(self.cfg.output_dir)
         self.checkpoint_dir = self.output_dir / CHECKPOINTS
         self.metrics_path = self.output_dir / METRICS_FILE
@@ -279,7 +313,24 @@ class Trainer:
     def fit(self, data: Iterable[VLBatch]) -> TrainResult:
         """Train to ``max_steps`` on ``data`` (re-iterated every epoch; a DataLoader's sampler gets
         ``set_epoch``), resuming from the newest checkpoint when ``resume`` is set. Exact resume needs
-        a data order fixed by the seed and epoch, as the samplers of `loader` give."""
+        a data order fixed by the seed and epoch, as the samplers of `loader` give.
+
+        Afterwards the trainer and its accelerator hold no prepared (DDP-wrapped) model: a wrapper's reducer
+        keeps the process group alive, and a gloo group destroyed only at interpreter exit aborts the process
+        now and then ("terminate called without an active exception"); `distributed.shutdown` can then end it."""
+        try:
+            return self._fit(data)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        import gc
+
+        self._model = None
+        self.accelerator.free_memory()  # its lists of prepared models, optimizers and loaders
+        gc.collect()  # the DDP wrapper sits in reference cycles (its hooks): free it now, not at exit
+
+    def _fit(self, data: Iterable[VLBatch]) -> TrainResult:
         from accelerate.utils import set_seed
 
         cfg, acc = self.cfg, self.accelerator
@@ -298,6 +349,7 @@ class Trainer:
         step, epoch, consumed, restored = 0, 0, 0, None
         path = ckpt.latest_checkpoint(self.checkpoint_dir) if cfg.resume else None
         if path is not None:
+            self._check_resumed_config(path)
             restored = ckpt.load_checkpoint(path, acc.unwrap_model(model), optimizer, scheduler, acc.scaler)
             step, epoch, consumed = restored["step"], restored["epoch"], restored["batches_in_epoch"]
             self.log.info("resuming from %s (step %d, epoch %d, batch %d)", path, step, epoch, consumed)
@@ -425,7 +477,7 @@ class Trainer:
         path = self.checkpoint_dir / f"step_{step}"
         if acc.is_main_process:
             state = {"epoch": stream.epoch, "batches_in_epoch": stream.consumed, "world_size": self.world_size,
-                     "config": self.cfg.to_dict(), "vlkit_version": __version__}
+                     "config": self.cfg.to_dict(), "run": self.run, "vlkit_version": __version__}
             source = _stream(stream.data)
             if source is not None:  # the stream's position and layout
                 state["stream"] = source.state(stream.consumed, getattr(stream.data, "num_workers", 0))
@@ -435,6 +487,14 @@ class Trainer:
                                         rngs, state, acc.scaler, self.cfg.keep_checkpoints)
         acc.wait_for_everyone()
         return path
+
+    def _check_resumed_config(self, path: Path) -> None:
+        """`ResumeMismatchError` when this run's config differs from the checkpoint's outside the safe keys."""
+        from vlkit.train.resume import ResumeMismatchError, differences
+
+        problems = differences(ckpt.read_state(path, verify=False), {"config": self.cfg.to_dict(), "run": self.run})
+        if problems:
+            raise ResumeMismatchError(path, problems)
 
     def _check_output_dir(self) -> None:
         """Refuse to overwrite a previous run unless resuming; drop half-written checkpoints."""
@@ -493,8 +553,8 @@ def _nonfinite_message(bad: Mapping[str, Any], rank: int, step: int, checkpoint:
     last = (f"the last checkpoint, {checkpoint}, holds the weights before the failure" if checkpoint is not None
             else "no checkpoint was written before the failure")
     return (f"{where} The inputs are finite, so training diverged: start again in a new trainer.output_dir with a "
-            f"lower trainer.lr, trainer.grad_clip > 0 or bf16 instead of fp16 (resume=true would keep the "
-            f"checkpoint's learning rate); {last}")
+            f"lower trainer.lr, trainer.grad_clip > 0 or bf16 instead of fp16 (resume=true continues only with the "
+            f"checkpoint's learning rate and settings); {last}")
 
 
 def previous_run(output_dir: str | Path) -> Path | None:
@@ -512,5 +572,5 @@ def read_metrics(output_dir: str | Path) -> list[dict[str, Any]]:
     return read_jsonl(Path(output_dir) / METRICS_FILE)
 
 
-__all__ = ["TrainerConfig", "trainer_presets", "Trainer", "TrainResult", "NonFiniteLossError", "preserved_rng",
-           "register_hydra_configs", "trainer_config", "read_metrics"]
+__all__ = ["TrainerConfig", "TrainerConfigError", "trainer_presets", "Trainer", "TrainResult", "NonFiniteLossError",
+           "preserved_rng", "register_hydra_configs", "trainer_config", "read_metrics"]

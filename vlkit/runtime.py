@@ -1,0 +1,76 @@
+"""How a vlkit process stops: SIGTERM (what SLURM and ``kill`` send) and SIGINT (Ctrl-C) become an
+`Interrupted` exception in the main thread, so ``finally`` blocks and context managers run (a feature
+writer keeps its complete shards, a checkpoint being saved is either whole or absent), child processes
+are stopped, and the console exits with ``128 + signal number`` (143 for SIGTERM, 130 for SIGINT).
+
+    with interrupt_on_signals():
+        run()  # raises Interrupted on SIGTERM / SIGINT
+
+A second signal during the clean-up ends the process at once (the default action of that signal).
+`stop_processes` ends child processes (``multiprocessing.Process``-like objects): SIGTERM, a grace
+period, then SIGKILL, so that no worker outlives its parent.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from typing import Any, Iterable, Iterator
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Interrupted(KeyboardInterrupt):
+    """The process received ``signum`` (SIGTERM or SIGINT); ``exit_code`` is ``128 + signum``."""
+
+    def __init__(self, signum: int):
+        self.signum = int(signum)
+        self.signal_name = signal.Signals(self.signum).name
+        self.exit_code = 128 + self.signum
+        super().__init__(f"interrupted by {self.signal_name}")
+
+
+@contextlib.contextmanager
+def interrupt_on_signals(signals: Iterable[int] = SIGNALS) -> Iterator[None]:
+    """Within the block, the first of ``signals`` raises `Interrupted` in the main thread, a second one takes
+    that signal's default action; the previous handlers come back afterwards. Outside the main thread
+    (where Python cannot install handlers) the block runs unchanged."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        if received:  # a second signal while cleaning up: stop now
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        received.append(signum)
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+def stop_processes(processes: Iterable[Any], grace: float = 10.0) -> None:
+    """SIGTERM every live process of ``processes``, wait up to ``grace`` seconds for them all, then SIGKILL
+    those still running (objects with ``is_alive``, ``terminate``, ``kill`` and ``join``)."""
+    alive = [p for p in processes if p.is_alive()]
+    for p in alive:
+        p.terminate()
+    deadline = time.monotonic() + grace
+    for p in alive:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in alive:
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+__all__ = ["SIGNALS", "Interrupted", "interrupt_on_signals", "stop_processes"]
