@@ -2,7 +2,6 @@
 uninterrupted run and never reruns a finished unit; a failing unit leaves every other unit finished and
 its retry runs it alone; a killed unit resumes from its checkpoint; a changed configuration is refused."""
 import json
-import os
 import re
 import shlex
 import signal

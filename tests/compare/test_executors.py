@@ -1,13 +1,9 @@
 """Issue 20: the executors. submitit (its local executor: the same code path as SLURM) and Ray (a
 local instance started on 127.0.0.1) reproduce the local executor's records; the sbatch script of a
 2-node x 8-GPU unit asks for its resources and launches one task per GPU; a dry run prints the plan."""
-import json
 import os
-import shutil
 import socket
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 

@@ -110,7 +110,7 @@ class Preflight:
 
     # -- the output folder -------------------------------------------------------------------------
     def check_output_dir(self, output_dir: str | os.PathLike, resume: bool, key: str = "trainer.output_dir") -> None:
-        from vlkit.train.trainer import previous_run
+        from vlkit.train.trainer import CHECKPOINTS, previous_run
 
         if not str(output_dir).strip():
             self.problem(f"{key} is empty: name the folder the run writes to")
