@@ -36,7 +36,7 @@ from vlkit.compare.claims import check_claims
 from vlkit.compare.config import RunSpec, objective_mix, resolve_config, run_specs, task_cfg
 from vlkit.compare.scheduling import Comparison, Progress, digest
 from vlkit.compare.statistics import HEADLINE, mean_ci, paired_p_value, summarize
-from vlkit.compare.units import PLAN_FILE, UnitFolder, changed_keys, config_hash, status
+from vlkit.compare.units import PLAN_FILE, UnitFolder, changed_keys, status
 
 # Keys a resumed comparison may change: where and how units run, not what they compute.
 RESUME_SAFE = ("output_dir", "resume", "dry_run", "progress", "workers", "cache_dir", "manifest",
@@ -111,7 +111,7 @@ def main(cfg: Any, overrides: list[str] | None = None) -> int:
         torch.set_num_threads(previous)
     units = comparison.all_units()
     keys = {comparison.key(u): u for u in units}
-    hashes = {k: config_hash(comparison.unit_config(u)) for k, u in keys.items()}
+    hashes = {k: comparison.unit_hash(u) for k, u in keys.items()}
     reused = [k for k in keys if UnitFolder(comparison.unit_dir(keys[k]), k).finished(hashes[k]) is not None]
     todo = [k for k in keys if k not in reused]
     executor = executor_cls(plan_path, settings)
@@ -168,7 +168,7 @@ def unit_states(comparison: Comparison) -> list[tuple[str, str, dict[str, Any] |
     for unit in comparison.all_units():  # a unit comes after the one it depends on
         key = comparison.key(unit)
         state = UnitFolder(comparison.unit_dir(unit), key).read()
-        seen[key] = status(state, config_hash(comparison.unit_config(unit)))
+        seen[key] = status(state, comparison.unit_hash(unit))
         parent = unit.depends_on() and comparison.key(unit.depends_on())
         if seen[key] == "missing" and parent and seen[parent] in ("failed", "died", "skipped"):
             seen[key], state = "skipped", {"error": f"after {parent}"}

@@ -11,7 +11,7 @@ from typing import Any, Iterable
 import torch
 
 from vlkit.compare.config import RunSpec, mix_label, objective_mix, run_data, run_specs, task_cfg
-from vlkit.compare.units import Unit
+from vlkit.compare.units import Unit, config_hash
 from vlkit.compare.statistics import HEADLINE
 from vlkit.train import pipeline
 
@@ -97,6 +97,7 @@ class Comparison:
         self._environments: dict[str, pipeline.Environment] = {}
         self._eval_pairs: dict[str, Any] = {}
         self._task_data: dict[str, Any] = {}
+        self._hashes: dict[Unit, str] = {}
 
     # -- helpers ---------------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -184,6 +185,12 @@ class Comparison:
                 "trainer": self.trainer_cfg("finetune", budget["finetune_steps"][unit.task],
                                             (self.compare["trainer"].get("tasks") or {}).get(unit.task)),
                 "pretraining": self.unit_config(parent) if parent else None}
+
+    def unit_hash(self, unit: Unit) -> str:
+        """The hash of `unit_config`, computed once per unit (it reads every task's YAML)."""
+        if unit not in self._hashes:
+            self._hashes[unit] = config_hash(self.unit_config(unit))
+        return self._hashes[unit]
 
     def run_unit(self, unit: Unit) -> dict[str, Any]:
         return self.pretrain_unit(unit) if unit.is_pretrain else self.finetune_unit(unit)
