@@ -15,9 +15,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from vlkit.registry import (DATASETS, ENCODERS, HEADS, MODELS, OBJECTIVES, TASKS, Registry, UnknownNameError,
-                            register_dataset, register_encoder, register_head, register_model, register_objective,
-                            register_task)
+from vlkit.registry import (CONVERTERS, DATASETS, ENCODERS, HEADS, MODELS, OBJECTIVES, TASKS, Registry,
+                            UnknownNameError, register_converter, register_dataset, register_encoder, register_head,
+                            register_model, register_objective, register_task)
 from vlkit.types import Encoded, LossOutput, VLBatch, VLOutput
 
 __version__ = "0.1.0"
@@ -99,8 +99,8 @@ def build_task(name: str, model, **cfg: Any):
 
 
 __all__ = [
-    "DATASETS", "ENCODERS", "HEADS", "MODELS", "OBJECTIVES", "TASKS", "Registry", "UnknownNameError",
-    "register_dataset", "register_encoder", "register_head", "register_model", "register_objective", "register_task",
+    "CONVERTERS", "DATASETS", "ENCODERS", "HEADS", "MODELS", "OBJECTIVES", "TASKS", "Registry", "UnknownNameError",
+    "register_converter", "register_dataset", "register_encoder", "register_head", "register_model", "register_objective", "register_task",
     "Encoded", "LossOutput", "VLBatch", "VLOutput",
     "list_models", "build_model", "from_pretrained", "list_objectives", "build_objective",
     "build_pretraining", "list_tasks", "build_task", *_LAZY,

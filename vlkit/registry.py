@@ -25,6 +25,7 @@ _BUILTIN_MODULES = {
     "task": ["vlkit.tasks.vqa", "vlkit.tasks.retrieval", "vlkit.tasks.nlvr2", "vlkit.tasks.refexp", "vlkit.tasks.snli_ve"],
     "dataset": ["vlkit.data"],
     "executor": ["vlkit.compare.executors"],
+    "converter": ["vlkit.convert.vilbert", "vlkit.convert.uniter", "vlkit.convert.meter"],
 }
 _plugins_loaded = False
 
@@ -160,6 +161,44 @@ class HeadRegistry(Registry):
         return key in self.names()
 
 
+class ConverterRegistry(Registry):
+    """``family -> converter`` of the family's released checkpoints, each with its key signature: the key
+    prefixes by which a state dict is recognised as that family's (`detect`), checked in registration order
+    (the built-in families first, then the plugins)."""
+
+    def __init__(self) -> None:
+        super().__init__("converter")
+        self._signatures: dict[str, tuple[str, tuple[str, ...]]] = {}
+
+    def register(self, family: str, signature: tuple[str, ...] | list[str] = (),  # type: ignore[override]
+                 description: str | None = None, *, override: bool = False) -> Callable[[Any], Any]:
+        """``@register_converter("uniter", signature=("uniter.img_embeddings.", ...), description="a UNITER
+        checkpoint")`` on a converter class (a `vlkit.convert.OfficialConverter` subclass): a state dict with
+        a key starting with one of ``signature`` is this family's."""
+        if not signature:
+            raise ValueError(f"converter {family!r}: give the key prefixes that recognise its checkpoints (signature=)")
+        register = super().register(family, override=override)
+
+        def decorator(obj: Any) -> Any:
+            register(obj)
+            self._signatures[family] = (description or f"a {family} checkpoint", tuple(signature))
+            return obj
+
+        return decorator
+
+    def detect(self, keys: Any) -> str | None:
+        """The registered family whose signature the state dict keys ``keys`` carry, None when none does."""
+        self._populate()
+        keys = list(keys)
+        return next((family for family, (_, prefixes) in self._signatures.items()
+                     if any(k.startswith(prefixes) for k in keys)), None)
+
+    def description(self, family: str) -> str:
+        """How messages name a checkpoint of ``family`` (``"a UNITER checkpoint"``)."""
+        self._populate()
+        return self._signatures[family][0]
+
+
 MODELS = Registry("model")
 OBJECTIVES = Registry("objective")
 TASKS = Registry("task")
@@ -167,6 +206,7 @@ ENCODERS = Registry("encoder")
 DATASETS = Registry("dataset")
 EXECUTORS = Registry("executor")  # where the units of a comparison run (vlkit.compare.executors)
 HEADS = HeadRegistry()
+CONVERTERS = ConverterRegistry()  # released checkpoints of each family (vlkit.convert)
 
 register_model = MODELS.register
 register_objective = OBJECTIVES.register
@@ -175,3 +215,4 @@ register_encoder = ENCODERS.register
 register_dataset = DATASETS.register
 register_executor = EXECUTORS.register
 register_head = HEADS.register
+register_converter = CONVERTERS.register

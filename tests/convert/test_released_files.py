@@ -1,4 +1,4 @@
-"""Issue 21: the released files the converters take, with their sources (`vlkit.convert.sources`), and a
+"""Issue 21: the released files the converters take, with their sources (`vlkit.released`), and a
 convert that refuses an empty or truncated file naming its path, and a known file whose size or sha256
 differs from the publisher's."""
 from __future__ import annotations
@@ -12,9 +12,9 @@ from official_fixtures import fixture_path, meta
 from vlkit.cli import main
 from vlkit.convert import ConversionError, from_official
 from vlkit.convert.commands import read_answers
-from vlkit.convert.detector import read_checkpoint
+from vlkit.features.detector.convert import read_checkpoint
 from vlkit.convert.official import read_config
-from vlkit.convert.sources import RELEASED_FILES, ReleasedFile, check_released, known_file
+from vlkit.released import RELEASED_FILES, ReleasedFile, check_released, known_file
 from vlkit.io import sha256_file
 
 UNITER = meta("uniter_pretrain")["config_json"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from vlkit.convert.detector import load_butd_checkpoint
+from vlkit.features.detector.convert import load_butd_checkpoint
 from vlkit.features.detector import BottomUpDetector
 from vlkit.io import UnsafePickleError
 

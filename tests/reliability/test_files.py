@@ -76,7 +76,7 @@ def _evil(marker) -> bytes:
 
 
 def test_malicious_pickle_is_refused_by_every_loader(tmp_path):
-    from vlkit.convert.detector import read_checkpoint
+    from vlkit.features.detector.convert import read_checkpoint
     from vlkit.data.formats import read_refs
     from vlkit.features.importers import import_features
     from vlkit.io import UnsafePickleError

@@ -1,5 +1,9 @@
-"""Converters of released checkpoints: the three families' official files (`from_official`) and the
-bottom-up-attention detectors (`vlkit.convert.detector`).
+"""Converters of released checkpoints (`from_official`): one per family, in the converter registry
+(`vlkit.registry.CONVERTERS`). Each family's converter registers itself with its key signature
+(``@vlkit.register_converter("uniter", signature=("uniter.img_embeddings.", ...))`` on an
+`OfficialConverter` subclass), so a plugin family's converter is found by ``vlkit convert family=<plugin>``,
+`from_official` and the family guess from a file's keys (`detect_family`) like the built-in ones. The
+bottom-up-attention detector's converter lives with the detector (`vlkit.features.detector.convert`).
 
     pre = vlkit.convert.from_official("uniter", "uniter-base.pt")                  # Pretraining: model + heads
     vqa = vlkit.convert.from_official("vilbert", "multi_task_model.bin", task="vqa",
@@ -15,33 +19,29 @@ from typing import Any, Mapping
 
 from torch import nn
 
-from vlkit.convert.official import (FAMILIES, MODEL, PRETRAINING, ConversionError, OfficialConverter, OfficialReport,
-                                    detect_family, read_official)
+from vlkit.convert.official import (MODEL, PRETRAINING, ConversionError, OfficialConverter, OfficialReport, Source,
+                                    detect_family, describe_family, read_official)
 
 
 def converter(family: str) -> OfficialConverter:
-    """The official-checkpoint converter of ``family`` (``vilbert``, ``uniter`` or ``meter``)."""
-    if family == "vilbert":
-        from vlkit.convert.vilbert import ViLBERTConverter
+    """The official-checkpoint converter of ``family``: a built-in one (``vilbert``, ``uniter``, ``meter``) or
+    one a plugin registered with `vlkit.register_converter`."""
+    from vlkit.registry import CONVERTERS, UnknownNameError
 
-        return ViLBERTConverter()
-    if family == "uniter":
-        from vlkit.convert.uniter import UniterConverter
-
-        return UniterConverter()
-    if family == "meter":
-        from vlkit.convert.meter import MeterConverter
-
-        return MeterConverter()
-    raise ConversionError(f"unknown family {family!r}; official checkpoints of {', '.join(FAMILIES)} convert")
+    try:
+        return CONVERTERS.get(family)()
+    except UnknownNameError as err:
+        raise ConversionError(f"no converter for family {family!r}: {err}") from None
 
 
-def from_official(family: str, checkpoint: str | os.PathLike | Mapping[str, Any],
+def from_official(family: str | None, checkpoint: str | os.PathLike | Mapping[str, Any],
                   config: Mapping[str, Any] | str | os.PathLike | None = None, task: str | None = None,
                   options: Mapping[str, Any] | None = None,
                   return_report: bool = False) -> nn.Module | tuple[nn.Module, OfficialReport]:
     """vlkit modules with every weight of a released checkpoint in place (eval mode).
 
+    ``family``: the family whose converter reads the file (a registered converter, `vlkit.register_converter`;
+    None: the family whose key signature the file carries, `detect_family`).
     ``checkpoint``: the released file (``.bin`` / ``.pt`` / ``.pth`` / ``.ckpt`` / ``.tar``, read with
     ``torch.load(weights_only=True)``; Lightning files: only ``state_dict``; or ``.safetensors``) or a state
     dict. ``config``: the official repository's own config (a mapping or a JSON / YAML file: ViLBERT
@@ -56,7 +56,16 @@ def from_official(family: str, checkpoint: str | os.PathLike | Mapping[str, Any]
     its reason; anything else raises `ConversionError` naming the keys. ``return_report=True`` also
     returns the `OfficialReport`.
     """
-    module, report = converter(family).convert(checkpoint, config, task, options)
+    state, meta, name = read_official(checkpoint)
+    if family is None:
+        from vlkit.registry import CONVERTERS
+
+        family = detect_family(list(state))
+        if family not in CONVERTERS:
+            raise ConversionError(f"{name}: no registered converter recognises its keys: it looks like "
+                                  f"{describe_family(family)} (first keys: {', '.join(list(state)[:3])}); converters: "
+                                  f"{', '.join(CONVERTERS.names())}")
+    module, report = converter(family).convert_state(state, meta, name, config, task, options)
     return (module, report) if return_report else module
 
 
@@ -112,5 +121,5 @@ def task_options(task: nn.Module) -> dict[str, Any]:
     return {k: v for k, v in options.items() if v is not None}
 
 
-__all__ = ["ConversionError", "OfficialReport", "PRETRAINING", "MODEL", "converter", "detect_family", "from_official",
-           "read_official", "save_converted", "task_options"]
+__all__ = ["ConversionError", "OfficialConverter", "OfficialReport", "Source", "PRETRAINING", "MODEL", "converter",
+           "detect_family", "from_official", "read_official", "save_converted", "task_options"]

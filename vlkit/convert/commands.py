@@ -10,7 +10,7 @@ def read_answers(path: str | Path) -> list[str]:
     """VQA answer strings in label order from a JSON list, or a JSON / pickle ``{answer: label}`` map or
     ``[answer, ...]`` list (the official ``ans2label`` / ``label2ans`` files; pickles through the restricted
     unpickler)."""
-    from vlkit.convert.sources import check_released
+    from vlkit.released import check_released
     from vlkit.io import safe_pickle_load
 
     path = check_released(path, "answers file")

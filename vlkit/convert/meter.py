@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from vlkit.convert.official import (MODEL, PRETRAINING, ConversionError, OfficialConverter, OfficialReport, Source,
                                     agree, count_indexed, pretraining_mix, require)
+from vlkit.registry import register_converter
 
 # what vlkit reads from METER's config (meter/config.py names) and its own extra keys
 CONFIG_KEYS = ("vit", "image_size", "patch_size", "tokenizer", "num_top_layer", "hidden_size", "num_heads",
@@ -124,6 +125,8 @@ def resize_relative_position_table(table: Tensor, rows: int) -> Tensor:
     return grid[0].permute(1, 2, 0).reshape(-1, table.shape[1]).to(table.dtype)
 
 
+@register_converter("meter", signature=("cross_modal_text_transform.", "cross_modal_image_transform.",
+                                       "cross_modal_text_layers."), description="a METER checkpoint")
 class MeterConverter(OfficialConverter):
     family = "meter"
     head_kinds = {

@@ -24,21 +24,16 @@ from typing import Any, Callable, ClassVar, Sequence
 import torch
 from torch import Tensor, nn
 
-from vlkit.convert.detector import ConversionReport
-from vlkit.convert.sources import check_released, known_file
+from vlkit.released import ConversionReport, check_released, known_file
 
 PRETRAINING = "pretraining"
 MODEL = "model"  # a checkpoint without any head: the bare model
 CHECKPOINT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".tar")
 
-FAMILIES = ("vilbert", "uniter", "meter")
-# Key prefixes that identify what a state dict holds, checked in this order: (name, description, prefixes).
-FAMILY_SIGNATURES = (
-    ("vilbert", "a ViLBERT checkpoint", ("bert.v_embeddings.", "bert.encoder.c_layer.")),
-    ("uniter", "a UNITER checkpoint", ("uniter.img_embeddings.", "uniter.encoder.layer.")),
-    ("meter", "a METER checkpoint", ("cross_modal_text_transform.", "cross_modal_image_transform.",
-                                     "cross_modal_text_layers.")),
-    ("detector", "a bottom-up-attention detector (vlkit.convert.detector loads those)",
+# Layouts that are no family's but that a user may pass by mistake, named in the refusal: (name, description,
+# key prefixes), checked after the registered families' signatures (`vlkit.registry.CONVERTERS`).
+OTHER_LAYOUTS = (
+    ("detector", "a bottom-up-attention detector (vlkit.features.detector.convert loads those)",
      ("roi_heads.", "proposal_generator.")),
     ("bert", "a text-only BERT without an image stream", ("bert.encoder.layer.", "encoder.layer.")),
 )
@@ -179,15 +174,22 @@ def read_official(source: str | os.PathLike | Mapping[str, Any]) -> tuple[dict[s
 
 
 def detect_family(keys: Sequence[str]) -> str | None:
-    """The family (or kind of model) whose key names a state dict has, None when none fits."""
-    for family, _, prefixes in FAMILY_SIGNATURES:
-        if any(k.startswith(prefixes) for k in keys):
-            return family
-    return None
+    """The family (or other kind of model, `OTHER_LAYOUTS`) whose key names a state dict has, None when none
+    fits: the registered converters' signatures first (`vlkit.register_converter`)."""
+    from vlkit.registry import CONVERTERS
+
+    found = CONVERTERS.detect(keys)
+    if found is not None:
+        return found
+    return next((name for name, _, prefixes in OTHER_LAYOUTS if any(k.startswith(prefixes) for k in keys)), None)
 
 
 def describe_family(family: str | None) -> str:
-    return next((d for f, d, _ in FAMILY_SIGNATURES if f == family), "nothing vlkit converts")
+    from vlkit.registry import CONVERTERS
+
+    if family in CONVERTERS:
+        return CONVERTERS.description(family)
+    return next((d for f, d, _ in OTHER_LAYOUTS if f == family), "nothing vlkit converts")
 
 
 def rename_legacy_layer_norm(state: dict[str, Tensor], report: OfficialReport) -> dict[str, Tensor]:
@@ -316,12 +318,17 @@ class OfficialConverter(abc.ABC):
     def convert(self, checkpoint: Any, config: Mapping[str, Any] | str | os.PathLike | None = None,
                 task: str | None = None, options: Mapping[str, Any] | None = None) -> tuple[nn.Module, OfficialReport]:
         """``(module, report)`` of a released checkpoint (file or state dict); see `vlkit.convert.from_official`."""
-        from vlkit.registry import MODELS
+        return self.convert_state(*read_official(checkpoint), config, task, options)
 
-        state, meta, name = read_official(checkpoint)
+    def convert_state(self, state: dict[str, Tensor], meta: dict[str, Any], name: str,
+                      config: Mapping[str, Any] | str | os.PathLike | None = None, task: str | None = None,
+                      options: Mapping[str, Any] | None = None) -> tuple[nn.Module, OfficialReport]:
+        """`convert` of a checkpoint `read_official` has read: ``(state_dict, metadata, name)``."""
+        from vlkit.registry import CONVERTERS, MODELS
+
         found = detect_family(list(state))
         if found != self.family:
-            hint = f"; convert it with family={found}" if found in FAMILIES else ""
+            hint = f"; convert it with family={found}" if found in CONVERTERS else ""
             raise ConversionError(f"{name}: not a {self.family} checkpoint: it looks like {describe_family(found)} "
                                   f"(first keys: {', '.join(list(state)[:3])}){hint}")
         report = OfficialReport(source=name, format="official", family=self.family)
@@ -458,5 +465,6 @@ def pretraining_mix(model: nn.Module, present: Sequence[str], extra: Mapping[str
     return {**mix, "objectives": objectives}
 
 
-__all__ = ["ConversionError", "OfficialConverter", "OfficialReport", "Source", "PRETRAINING", "MODEL",
-           "read_official", "detect_family", "fold_weight_norm", "read_config"]
+__all__ = ["ConversionError", "OfficialConverter", "OfficialReport", "Source", "PRETRAINING", "MODEL", "OTHER_LAYOUTS",
+           "read_official", "detect_family", "describe_family", "fold_weight_norm", "read_config", "pretraining_mix",
+           "agree", "config_fields", "count_indexed", "require", "rename_legacy_layer_norm"]

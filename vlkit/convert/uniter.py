@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from vlkit.convert.official import (MODEL, PRETRAINING, ConversionError, OfficialConverter, OfficialReport, Source,
                                     agree, config_fields, count_indexed, pretraining_mix, rename_legacy_layer_norm,
                                     require)
+from vlkit.registry import register_converter
 
 # config/uniter-base.json keys vlkit reads
 CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
@@ -24,6 +25,8 @@ VE_LABELS = ("contradiction", "entailment", "neutral")  # utils/misc.py VE_ENT2I
 _REGION_CLASSIFIER = [("transform.dense.", "net.0."), ("transform.LayerNorm.", "net.2."), ("decoder.", "net.3.")]
 
 
+@register_converter("uniter", signature=("uniter.img_embeddings.", "uniter.encoder.layer."),
+                    description="a UNITER checkpoint")
 class UniterConverter(OfficialConverter):
     family = "uniter"
     backbone = "uniter."

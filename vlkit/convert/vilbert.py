@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from vlkit.convert.official import (MODEL, PRETRAINING, ConversionError, OfficialConverter, OfficialReport, Source,
                                     agree, config_fields, count_indexed, fold_weight_norm, pretraining_mix,
                                     rename_legacy_layer_norm, require)
+from vlkit.registry import register_converter
 
 # bert_base_6layer_6conect.json keys (plus BertConfig defaults) vlkit reads, and vlkit's own options
 CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
@@ -39,6 +40,8 @@ VE_LABELS = ("contradiction", "neutral", "entailment")  # visual_entailment_data
 _Q_DENSE = re.compile(r"bert\.encoder\.c_layer\.\d+\.biOutput\.q_dense[12]\.")
 
 
+@register_converter("vilbert", signature=("bert.v_embeddings.", "bert.encoder.c_layer."),
+                    description="a ViLBERT checkpoint")
 class ViLBERTConverter(OfficialConverter):
     family = "vilbert"
     head_kinds = {

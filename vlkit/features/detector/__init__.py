@@ -21,7 +21,8 @@ descending ``max_conf``. ``detect`` is standard Fast R-CNN inference (regressed 
 
 Modules: `boxes` (anchors, box coding, NMS, the BUTD selection rule), `network` (config, presets, the
 detector and its inference), `training` (Faster R-CNN losses), `evaluation` (AP), `weights` (save /
-load, the shipped shapes detector) and `extraction` (images -> an h5 feature store).
+load, the shipped shapes detector), `convert` (the released BUTD checkpoints) and `extraction` (images
+-> an h5 feature store).
 """
 from vlkit.features.detector.boxes import (butd_select, cell_anchors, class_nms, clip_boxes, decode_boxes,
                                            encode_boxes, grid_anchors, legacy_nms)

@@ -59,7 +59,7 @@ def load_detector(
                 raise ValueError(
                     "detector=butd needs weights=PATH (faster_rcnn_from_caffe_attr.pkl or bua-caffe-frcn-r101-k10-100.pth)"
                 )
-            from vlkit.convert.detector import load_butd_checkpoint
+            from vlkit.features.detector.convert import load_butd_checkpoint
 
             load_butd_checkpoint(model, weights, strict=True)
             model.provenance = {"detector": "butd_r101", "weights": Path(weights).name, "weights_sha256": sha256_file(weights)}

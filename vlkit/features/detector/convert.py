@@ -17,51 +17,18 @@ a ``ConversionReport``; ``strict`` refuses anything missing, unused or of the wr
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from vlkit.convert.sources import check_released
+from vlkit.released import ConversionReport, check_released
 from vlkit.io import safe_pickle_load, torch_load_weights
 
 _PRED = "roi_heads.box_predictor."
 _RPN = "proposal_generator.rpn_head."
 _BUA_RENAMES = {"cls_embed.": "cls_embedding.", "attr_linear1.": "fc_attr.", "attr_linear2.": "attr_score."}
 _BN_STATS = ("running_mean", "running_var")
-
-
-@dataclass
-class ConversionReport:
-    """What happened to every key of a converted checkpoint."""
-
-    source: str
-    format: str
-    mapped: int = 0
-    renamed: list[tuple[str, str]] = field(default_factory=list)
-    transformed: list[str] = field(default_factory=list)
-    filled: list[str] = field(default_factory=list)
-    ignored: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    unexpected: list[str] = field(default_factory=list)
-    mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not (self.missing or self.unexpected or self.mismatched)
-
-    def __str__(self) -> str:
-        lines = [
-            f"{self.source} ({self.format}): {self.mapped} tensors loaded, {len(self.renamed)} renamed, "
-            f"{len(self.transformed)} transformed, {len(self.filled)} filled, {len(self.ignored)} ignored"
-        ]
-        for title, items in (("transformed", self.transformed), ("filled", self.filled), ("missing", self.missing),
-                             ("unexpected", self.unexpected), ("shape mismatch", self.mismatched)):
-            if items:
-                shown = ", ".join(map(str, items[:8])) + (f", ... ({len(items)} in all)" if len(items) > 8 else "")
-                lines.append(f"  {title}: {shown}")
-        return "\n".join(lines)
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Tensor]:
@@ -175,4 +142,4 @@ def load_butd_checkpoint(model: torch.nn.Module, path: str | os.PathLike, strict
     return report
 
 
-__all__ = ["ConversionReport", "read_checkpoint", "detect_format", "convert_state_dict", "load_butd_checkpoint"]
+__all__ = ["read_checkpoint", "detect_format", "convert_state_dict", "load_butd_checkpoint"]

@@ -6,12 +6,13 @@ publisher's, is refused naming its path (a truncated download otherwise fails de
 `RELEASED_FILES` is a registry keyed by file name; a plugin (or a user with a mirror that publishes
 checksums) adds entries with `register_released_file`. Sizes and hashes are filled in only where the
 publisher gives them: none of the official READMEs below does, so today only the emptiness check and
-the readers' own errors apply to them.
+the readers' own errors apply to them. `ConversionReport` is what every converter (the families' and the
+detector's) says happened to each key of a released file.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from vlkit.registry import Registry
@@ -28,6 +29,38 @@ class ReleasedFile:
     origin: str  # where that is written (repository and file)
     size: int | None = None  # bytes, where the publisher gives it
     sha256: str | None = None  # hex digest, where the publisher gives it
+
+
+@dataclass
+class ConversionReport:
+    """What happened to every key of a converted checkpoint."""
+
+    source: str
+    format: str
+    mapped: int = 0
+    renamed: list[tuple[str, str]] = field(default_factory=list)
+    transformed: list[str] = field(default_factory=list)
+    filled: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def __str__(self) -> str:
+        lines = [
+            f"{self.source} ({self.format}): {self.mapped} tensors loaded, {len(self.renamed)} renamed, "
+            f"{len(self.transformed)} transformed, {len(self.filled)} filled, {len(self.ignored)} ignored"
+        ]
+        for title, items in (("transformed", self.transformed), ("filled", self.filled), ("missing", self.missing),
+                             ("unexpected", self.unexpected), ("shape mismatch", self.mismatched)):
+            if items:
+                shown = ", ".join(map(str, items[:8])) + (f", ... ({len(items)} in all)" if len(items) > 8 else "")
+                lines.append(f"  {title}: {shown}")
+        return "\n".join(lines)
 
 
 RELEASED_FILES = Registry("released file")
