@@ -78,6 +78,11 @@ class BertStreamConfig(ModelConfig):
     v_target_size: int = 1601
 
 
+# The sizes the data decides, which `VLModel.size_fields` maps to the family's config fields: the tokenizer's
+# vocabulary and the feature store's region feature and class dimensions.
+DATA_SIZES = ("vocab_size", "region_feature_size", "region_classes")
+
+
 class VLModel(nn.Module, metaclass=abc.ABCMeta):
     """Base class of the families: ``forward(batch) == fuse(encode_text(batch), encode_image(batch))``.
 
@@ -88,6 +93,11 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
       ``image_size`` and ``patch_size`` (read through the properties of the same names);
     - ``vocab_size``, ``text_hidden_size``, ``image_hidden_size``, ``joint_size`` and
       ``get_input_embeddings()`` (the MLM decoder ties to it when ``mlm_tied``);
+    - ``size_fields``: the config fields that take the sizes the data decides (`DATA_SIZES`: the tokenizer's
+      vocabulary, the feature store's region feature and class dimensions), which the commands set before
+      the model is built; ``region_feature_size`` / ``region_classes`` read them back. A family whose config
+      names them otherwise maps them to its own fields (HF VisualBERT's ``visual_embedding_dim``), maps a size
+      it does not take to None, or answers `data_fields` when the mapping depends on the config;
     - ``image_types``: ``encode_image(batch, image_type_id=k)`` selects the image token type, and
       `extend_image_types` adds the type a second image takes (NLVR2);
     - ``task_inputs``: extra forward keywords a downstream task passes (ViLBERT's task tokens);
@@ -110,6 +120,8 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
     default_tokenizer: ClassVar[str] = "bert-base-uncased"
     objective_defaults: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
     trainer_preset: ClassVar[Mapping[str, Any]] = {}
+    size_fields: ClassVar[Mapping[str, str | None]] = {
+        "vocab_size": "vocab_size", "region_feature_size": "v_feature_size", "region_classes": "v_target_size"}
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -175,6 +187,35 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
     def vocab_size(self) -> int:
         return self.get_input_embeddings().num_embeddings
 
+    @classmethod
+    def data_fields(cls, values: Mapping[str, Any]) -> dict[str, str]:
+        """``{data size: config field}`` for the sizes of `DATA_SIZES` this family takes, given the model config
+        values the user set (``values``): by default ``size_fields`` without the sizes mapped to None."""
+        unknown = sorted(set(cls.size_fields) - set(DATA_SIZES))
+        if unknown:
+            raise TypeError(f"{cls.__name__}.size_fields: unknown data size(s) {', '.join(unknown)}; the data decides "
+                            f"{', '.join(DATA_SIZES)}")
+        return {size: name for size, name in cls.size_fields.items() if name is not None}
+
+    def data_field(self, size: str) -> str | None:
+        """The config field that holds the data size ``size`` (`DATA_SIZES`), None when the family takes none."""
+        return type(self).data_fields(self.config.to_dict()).get(size)
+
+    def data_size(self, size: str) -> int | None:
+        """The config value of the data size ``size`` (`DATA_SIZES`), None when the family takes no such size."""
+        name = self.data_field(size)
+        return None if name is None else getattr(self.config, name)
+
+    @property
+    def region_feature_size(self) -> int | None:
+        """The region feature dimension the model takes (region families; None when it takes none)."""
+        return self.data_size("region_feature_size") if self.image_input == "regions" else None
+
+    @property
+    def region_classes(self) -> int | None:
+        """The detector classes (with background) of the region soft labels the model reads (MRC), or None."""
+        return self.data_size("region_classes") if self.image_input == "regions" else None
+
     @property
     def image_size(self) -> int | None:
         """Input image side in pixels (pixel families; None for region families)."""
@@ -228,7 +269,7 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
             ids[-1, text_len // 2:] = pad_id
         fields: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
         if self.image_input == "regions":
-            k, d, c = num_regions, self.config.v_feature_size, self.config.v_target_size
+            k, d, c = num_regions, self.region_feature_size, self.region_classes
             xy = torch.rand(batch_size, k, 2, generator=g) * 0.5
             wh = torch.rand(batch_size, k, 2, generator=g) * 0.5 + 0.05
             region_mask = torch.ones(batch_size, k, dtype=torch.long)
@@ -238,8 +279,9 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
                 region_feats=torch.rand(batch_size, k, d, generator=g) * region_mask[..., None],
                 region_boxes=torch.cat([xy, xy + wh], dim=-1),
                 region_mask=region_mask,
-                region_soft_labels=torch.softmax(torch.randn(batch_size, k, c, generator=g), dim=-1),
             )
+            if c is not None:  # soft labels of the detector's classes (a family that reads none gets none)
+                fields["region_soft_labels"] = torch.softmax(torch.randn(batch_size, k, c, generator=g), dim=-1)
         else:
             size = self.image_size
             fields["pixel_values"] = torch.randn(batch_size, 3, size, size, generator=g)

@@ -9,7 +9,7 @@ and the RoBERTa pooler are not built, so the ``clip16-roberta`` model without he
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -112,6 +112,15 @@ class Meter(VLModel):
     trainer_preset = dict(max_steps=100000, lr=1e-5, lr_mult=5.0, lr_mult_head=5.0, betas=[0.9, 0.98], eps=1e-8,
                           adamw_rule="hf", weight_decay=0.01, no_decay="bert_timm", warmup=0.1, schedule="polynomial",
                           power=1.0, end_lr=0.0, schedule_offset=0, grad_clip=0.0, batching="fixed")
+
+    size_fields = {"vocab_size": "vocab_size", "region_feature_size": None, "region_classes": None}
+
+    @classmethod
+    def data_fields(cls, values: Mapping[str, Any]) -> dict[str, str]:
+        """The tokenizer sizes ``vocab_size`` unless a pre-trained text tower is named (``text_pretrained``:
+        its own vocabulary); METER takes pixels, no region sizes."""
+        fields = super().data_fields(values)
+        return {k: v for k, v in fields.items() if k != "vocab_size"} if values.get("text_pretrained") else fields
 
     @classmethod
     def official_tokenizer(cls, config: MeterConfig) -> str:

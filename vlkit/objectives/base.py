@@ -93,6 +93,9 @@ class Objective(nn.Module, metaclass=abc.ABCMeta):
     # reads only ``VLOutput.joint`` / the pooled vectors: a pass whose objectives all do runs the last
     # fusion layers at the pooled positions only (``fuse(pooled_only=True)``, the same poolers)
     joint_only: ClassVar[bool] = False
+    # reads the detector's class distributions of the regions (``VLBatch.region_soft_labels``): the preflight
+    # checks the feature store has them, with the model's ``region_classes`` classes
+    needs_soft_labels: ClassVar[bool] = False
 
     def __init__(self, model: VLModel):
         super().__init__()

@@ -76,6 +76,7 @@ class _RegionClassification(Objective):
     uses (UNITER's one ``region_classifier`` serves both MRC and MRC-kl)."""
 
     view = "regions"
+    needs_soft_labels = True
 
     def __init__(self, model: VLModel, reduction: str = "mean", share_head: str | None = None):
         super().__init__(model)
@@ -83,7 +84,7 @@ class _RegionClassification(Objective):
             raise ValueError(f"{self.name}: reduction must be 'mean' (UNITER) or 'per_region' (ViLBERT), not {reduction!r}")
         self.reduction = reduction
         self.share_head = share_head
-        self.num_classes = model.config.v_target_size
+        self.num_classes = model.region_classes
         self.predictions = RegionClassifier(model.image_hidden_size, self.num_classes)
 
     def attach(self, objectives: Mapping[str, Objective]) -> None:
@@ -98,6 +99,10 @@ class _RegionClassification(Objective):
     @classmethod
     def check(cls, model: VLModel) -> None:
         require_regions(cls.name, model)
+        if model.region_classes is None:
+            raise IncompatibleObjective(f"objective {cls.name!r} classifies regions into the detector's classes; "
+                                        f"{model.family} declares no config field for them (size_fields "
+                                        "'region_classes')")
 
     def rows(self, ctx: PassContext) -> tuple[None, Tensor] | None:
         return _masked_region_rows(ctx)
@@ -108,8 +113,8 @@ class _RegionClassification(Objective):
         if soft is None:
             raise ValueError(f"{self.name}: the batch has no region_soft_labels (detector class distributions)")
         if soft.shape[-1] != self.num_classes:
-            raise ValueError(f"{self.name}: soft labels have {soft.shape[-1]} classes, the model's v_target_size is "
-                             f"{self.num_classes}")
+            raise ValueError(f"{self.name}: soft labels have {soft.shape[-1]} classes, the model takes "
+                             f"{self.num_classes} (region_classes)")
         return self.predictions(states), soft[chosen]
 
 

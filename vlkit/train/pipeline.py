@@ -81,23 +81,28 @@ class Environment:
         return self.image_source.skips
 
     def model_overrides(self, model_cfg: Mapping[str, Any]) -> dict[str, Any]:
-        """Sizes the data decides: the tokenizer's vocabulary (unless a pre-trained text tower is
-        named) and the feature store's feature / class dimensions. A model key set explicitly keeps its
-        value when the data allows it (a vocabulary at least the tokenizer's); a conflict is an error."""
+        """Sizes the data decides, under the config fields the family declares for them
+        (`VLModel.data_fields`): the tokenizer's vocabulary and the feature store's feature / class
+        dimensions. A model key set explicitly keeps its value when the data allows it (a vocabulary at
+        least the tokenizer's); a conflict is an error."""
         name, _, overrides = split_model_config(model_cfg)
-        out: dict[str, Any] = {}
-        if not overrides.get("text_pretrained"):
-            out["vocab_size"] = len(self.tokenizer)
+        fields = MODELS.get(name).data_fields(overrides)
+        sizes: dict[str, int] = {"vocab_size": len(self.tokenizer)}
         store = getattr(self.image_source, "store", None)
         if store is not None:
-            out["v_feature_size"] = store.feature_dim
+            sizes["region_feature_size"] = store.feature_dim
             if store.num_classes:
-                out["v_target_size"] = store.num_classes
-        for key, value in out.items():
+                sizes["region_classes"] = store.num_classes
+        out: dict[str, Any] = {}
+        for size, value in sizes.items():
+            key = fields.get(size)
+            if key is None:
+                continue
             given = overrides.get(key)
-            if given is not None and (given < value if key == "vocab_size" else given != value):
-                source = "the tokenizer has" if key == "vocab_size" else "the feature store gives"
+            if given is not None and (given < value if size == "vocab_size" else given != value):
+                source = "the tokenizer has" if size == "vocab_size" else "the feature store gives"
                 raise ValueError(f"model.{key}={given} conflicts with the data: {source} {value}")
+            out[key] = value
         return {k: v for k, v in out.items() if k not in overrides}
 
 

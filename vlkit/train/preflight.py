@@ -42,7 +42,6 @@ from vlkit.validate import SKIPPED_FILE, DataError, SkipLog, first, sample_evenl
 PREFLIGHT_FILE = "preflight.json"
 SAMPLES = 256  # training images whose regions are loaded and validated
 FULL_EVAL = 5000  # evaluation sets up to this many images are validated in full
-MRC_OBJECTIVES = ("mrc", "mrc_kl")
 RUN_FILES = ("run.json", "pretraining.safetensors", "task.safetensors", "eval.json", PREFLIGHT_FILE,
              "model/config.json", "model/model.safetensors", "checkpoints/latest")
 
@@ -201,13 +200,13 @@ class Preflight:
             except (UnknownNameError, IncompatibleObjective) as err:
                 self.problem(f"objectives: {str(err).strip(chr(34) + chr(39))}")
                 continue
-            if name in MRC_OBJECTIVES or getattr(cls, "needs_soft_labels", False):
+            if cls.needs_soft_labels:
                 if store is not None and not store.has_soft_labels:
                     self.problem(f"objective {name!r} needs the detector's soft labels (cls_prob), but the feature "
                                  f"store {store.path} has none; drop {name} from the mix or use a store with soft labels")
-                elif store is not None and getattr(model.config, "v_target_size", store.num_classes) != store.num_classes:
+                elif store is not None and model.region_classes not in (None, store.num_classes):
                     self.problem(f"objective {name!r}: the feature store {store.path} has {store.num_classes} classes, "
-                                 f"the model's v_target_size is {model.config.v_target_size}")
+                                 f"the model's {model.data_field('region_classes')} is {model.region_classes}")
 
     # -- the tokenizer -------------------------------------------------------------------------------
     def check_tokenizer(self, tokenizer: Any, name: str, model: Any, run: str | os.PathLike | None = None,
@@ -298,7 +297,7 @@ class Preflight:
                 dim = None
             if dim is not None and dim != store.feature_dim:
                 self.problem(f"{name} data: the feature store {store.path} holds {store.feature_dim}-d features, the "
-                             f"{model.family} model takes {dim}-d (v_feature_size); extract with the detector the model "
+                             f"{model.family} model takes {dim}-d ({model.data_field('region_feature_size')}); extract with the detector the model "
                              "was trained on, or train a model on this store")
                 return
         if not hasattr(dataset, "image_ids"):  # a stream (data=shards): its images are validated as they are read
