@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +12,6 @@ import pytest
 import torch
 
 import vlkit
-from vlkit import registry
 from vlkit.cli import main
 from vlkit.train import TrainerConfig
 
@@ -23,24 +20,9 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
 
 
 @pytest.fixture(scope="module")
-def plugin(tmp_path_factory):
+def plugin(install_plugin):
     """The package pip-installed into a temporary target (found through its entry point), then removed."""
-    root = tmp_path_factory.mktemp("plugin")
-    shutil.copytree(PACKAGE, root / "src")  # build outside the repository
-    target = root / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--target", str(target), str(root / "src")], check=True)
-    monkeypatch = pytest.MonkeyPatch()
-    monkeypatch.syspath_prepend(str(target))
-    monkeypatch.setattr(registry, "_plugins_loaded", False)
-    assert "vlkit_vilt" not in sys.modules and "vilt" not in registry.MODELS._entries
-    yield target
-    monkeypatch.undo()
-    registry.MODELS._entries.pop("vilt", None)
-    for key in [k for k in registry.HEADS._entries if k[1] == "vilt"]:
-        registry.HEADS._entries.pop(key)
-        registry.HEADS._defaults.pop(key, None)
-    sys.modules.pop("vlkit_vilt", None)
+    return install_plugin("vlkit_vilt", "vlkit_vilt", "vilt")
 
 
 def test_the_family_joins_every_registry(plugin, tmp_path):
