@@ -8,7 +8,10 @@ bottom first, each a list of module prefixes (the longest prefix decides a modul
 import its own floor and the floors below it. Every ``import`` statement counts, at module level or inside a
 function (a lazy import is still a dependency), and importing ``vlkit.a.b`` also runs the package
 ``__init__`` files above it, so each package ``__init__`` is held to its own floor like any other module.
-A circle is a set of modules of one floor that import one another (a strongly connected component).
+A circle is a set of modules of one floor that import one another (a strongly connected component). The
+package root ``vlkit`` (its ``__init__``, the public facade) is on the bottom floor: it imports only that floor
+and names the rest in a table it imports on first use, and no module of vlkit imports it (a module imports
+the module that defines a name, e.g. ``vlkit.version`` for ``__version__``).
 """
 from __future__ import annotations
 
@@ -75,7 +78,8 @@ def floor_of(module: str, floors: list[list[str]]) -> int:
     best, floor = -1, None
     for level, prefixes in enumerate(floors):
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+            # the package root names itself only; any other prefix names a module and what lies under it
+            if (module == prefix or "." in prefix and module.startswith(prefix + ".")) and len(prefix) > best:
                 best, floor = len(prefix), level
     if floor is None:
         raise SystemExit(f"{module}: on no floor of [tool.vlkit.layers]; add its prefix to a floor")
@@ -87,6 +91,7 @@ class Graph:
     floors: list[list[str]]
     modules: dict[str, int] = field(default_factory=dict)  # module -> floor
     edges: dict[str, set[str]] = field(default_factory=dict)  # module -> modules it imports (with packages)
+    facade: list[str] = field(default_factory=list)  # modules that import the package root itself
 
     @property
     def upward(self) -> list[tuple[str, str]]:
@@ -136,9 +141,13 @@ def build_graph(root: Path = REPOSITORY, floors: list[list[str]] | None = None) 
     floors = read_floors() if floors is None else floors
     files = module_names(root)
     graph = Graph(floors)
+    root = next(iter(files))
     for name, path in files.items():
         graph.modules[name] = floor_of(name, floors)
-        graph.edges[name] = set().union(*(with_packages(t) for t in imports_of(name, path, files))) - {name}
+        targets = imports_of(name, path, files)
+        if root in targets:
+            graph.facade.append(name)
+        graph.edges[name] = set().union(*(with_packages(t) for t in targets)) - {name}
     return graph
 
 
@@ -153,6 +162,8 @@ def report(graph: Graph) -> str:
     circles = graph.circles
     lines.append(f"circles: {len(circles)}")
     lines += [f"  {' <-> '.join(c)}" for c in circles]
+    lines.append(f"imports of the package root (the public facade): {len(graph.facade)}")
+    lines += [f"  {name} -> {next(iter(graph.modules))}" for name in graph.facade]
     return "\n".join(lines)
 
 
@@ -162,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     graph = build_graph(args.root)
     print(report(graph))
-    return 1 if graph.upward or graph.circles else 0
+    return 1 if graph.upward or graph.circles or graph.facade else 0
 
 
 if __name__ == "__main__":

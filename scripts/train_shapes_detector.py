@@ -25,6 +25,7 @@ import torch
 
 from vlkit.data.shapes import ATTRIBUTES, OBJECT_CLASSES, ShapesWorld
 from vlkit.features.detector import ASSETS, BottomUpDetector, average_precision, preset, save_detector
+from vlkit.features.detector.training import losses as detector_losses
 from vlkit.io import atomic_path
 
 
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
             img = np.asarray(world.image(int(i)))
             images.append(np.ascontiguousarray(img[:, ::-1]) if flip else img)
             targets.append(scene_target(world.scene(int(i)), flip))
-        losses = model.losses(images, targets)
+        losses = detector_losses(model, images, targets)
         total = sum(losses.values())
         opt.zero_grad()
         total.backward()

@@ -313,7 +313,7 @@ def _usage() -> str:
 def run(argv: list[str]) -> int:
     """Run ``vlkit <argv>``; errors are raised (`console` prints them)."""
     if argv[:1] in (["--version"], ["-V"]):
-        from vlkit import __version__
+        from vlkit.version import __version__
 
         print(f"vlkit {__version__}")
         return 0
@@ -354,7 +354,7 @@ def run(argv: list[str]) -> int:
 
 def _shutdown_distributed(barrier: bool) -> None:
     """Tear the process group down while the interpreter is alive (gloo aborts a process that exits with it)."""
-    from vlkit.train.distributed import shutdown
+    from vlkit.runtime import shutdown
 
     shutdown(barrier)
 

@@ -1,4 +1,7 @@
-"""How a vlkit process stops: SIGTERM (what SLURM and ``kill`` send) and SIGINT (Ctrl-C) become an
+"""What every layer of vlkit may use about its process: how many torch threads it runs (`set_threads`), how it
+ends its process group (`shutdown`), and how it stops.
+
+How a vlkit process stops: SIGTERM (what SLURM and ``kill`` send) and SIGINT (Ctrl-C) become an
 `Interrupted` exception in the main thread, so ``finally`` blocks and context managers run (a feature
 writer keeps its complete shards, a checkpoint being saved is either whole or absent), child processes
 are stopped, and the console exits with ``128 + signal number`` (143 for SIGTERM, 130 for SIGINT).
@@ -73,4 +76,37 @@ def stop_processes(processes: Iterable[Any], grace: float = 10.0) -> None:
             p.join()
 
 
-__all__ = ["SIGNALS", "Interrupted", "interrupt_on_signals", "stop_processes"]
+def set_threads(threads: int | None, preset: str | None = None) -> int:
+    """A command's ``threads=``: the given count, else 1 for ``tiny`` presets (a tiny model's ops are too small
+    to share: two threads on a busy 2-core machine ran 10x slower than one) and torch's default otherwise."""
+    import torch
+
+    if threads is None and preset == "tiny":
+        threads = 1
+    if threads is not None:
+        if int(threads) < 1:
+            raise ValueError(f"threads={threads}: use a positive number of torch threads (or null)")
+        torch.set_num_threads(int(threads))
+    return torch.get_num_threads()
+
+
+def shutdown(barrier: bool = True) -> None:
+    """End the process group (after a barrier: every rank done) while the interpreter is still alive;
+    ``barrier=False`` on an error path, where the other ranks may never reach one.
+
+    A process that exits with a gloo process group alive can abort (``terminate called without an active
+    exception``, exit code -6): the group's C++ threads are torn down during interpreter finalisation
+    while a peer's connection closes. Every entry point that may run under ``accelerate launch`` /
+    ``torchrun`` calls this before returning (the ``vlkit`` console script does)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if barrier:
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+__all__ = ["SIGNALS", "Interrupted", "interrupt_on_signals", "stop_processes", "set_threads", "shutdown"]

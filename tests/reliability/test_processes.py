@@ -11,7 +11,7 @@ import torch
 def test_shutdown_ends_a_gloo_process_group(tmp_path):
     import torch.distributed as dist
 
-    from vlkit.train.distributed import shutdown
+    from vlkit.runtime import shutdown
 
     shutdown()  # no group: nothing to do
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)

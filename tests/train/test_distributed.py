@@ -85,6 +85,6 @@ if __name__ == "__main__":  # the worker: one rank of `accelerate launch`
     seen = trainer.accelerator.gather_for_metrics([trainer.rank], use_gather_object=True)
     if trainer.accelerator.is_main_process:
         (out / "ranks.json").write_text(json.dumps(sorted(seen)))
-    from vlkit.train.distributed import shutdown
+    from vlkit.runtime import shutdown
 
     shutdown()

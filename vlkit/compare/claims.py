@@ -73,16 +73,4 @@ def evaluate_claims(records: list[dict[str, Any]], claims: list[dict[str, Any]])
     return out
 
 
-def claims_table(claims: list[dict[str, Any]]) -> str:
-    from vlkit.compare.report import POINTS, markdown_table
-
-    lines = []
-    for c in claims:
-        effect = "–" if c["effect"] != c["effect"] else f"{c['effect'] * POINTS:+.1f} ± {c['ci95'] * POINTS:.1f}"
-        p = "–" if c["p_holm"] != c["p_holm"] else f"{c['p_holm']:.3f}"
-        lines.append([c["claim"], f"{c['a']} vs {c['b']}", c["metric"], c.get("paper", ""), effect, p,
-                      f"**{c['verdict']}**"])
-    return markdown_table(["claim", "compared", "metric", "paper", "effect (points)", "Holm p", "verdict"], lines)
-
-
-__all__ = ["EXPECTATIONS", "check_claims", "claims_table", "evaluate_claims"]
+__all__ = ["EXPECTATIONS", "check_claims", "evaluate_claims"]

@@ -54,7 +54,9 @@ def comparison_file(path: str | Path) -> str:
     naming the file."""
     import yaml
 
-    from vlkit.cli import CONF_DIR
+    from vlkit.io import config_dir
+
+    conf_dir = config_dir()
 
     path = Path(path)
     try:
@@ -67,8 +69,8 @@ def comparison_file(path: str | Path) -> str:
         raise ValueError(f"comparison file {path}: expected a list of runs or a mapping (runs:, seeds:, budget: "
                          f"...), found {type(body).__name__}")
     elif not {"compare", "data"} & set(body):
-        known = set(yaml.safe_load((CONF_DIR / "compare.yaml").read_text(encoding="utf-8"))["compare"])  # executors ...
-        for preset in (CONF_DIR / "compare").glob("*.yaml"):
+        known = set(yaml.safe_load((conf_dir / "compare.yaml").read_text(encoding="utf-8"))["compare"])  # executors ...
+        for preset in (conf_dir / "compare").glob("*.yaml"):
             known |= set((yaml.safe_load(preset.read_text(encoding="utf-8")) or {}).get("compare") or {})
         unknown = sorted(set(body) - known - {"defaults"})
         if unknown:
@@ -139,12 +141,14 @@ def task_cfg(compare: dict[str, Any], name: str, spec: RunSpec | None = None) ->
     then the run's own ``task_overrides`` (e.g. ``{retrieval: {options: {num_negatives: 3}}}``)."""
     from omegaconf import OmegaConf
 
-    from vlkit.cli import CONF_DIR
+    from vlkit.io import config_dir
+
+    conf_dir = config_dir()
 
     layers = [(compare.get("task_overrides") or {}).get(name) or {}]
     if spec is not None:
         layers.append((spec.task_overrides or {}).get(name) or {})
-    return pipeline.plain(OmegaConf.merge(OmegaConf.load(CONF_DIR / "task" / f"{name}.yaml"), *layers))
+    return pipeline.plain(OmegaConf.merge(OmegaConf.load(conf_dir / "task" / f"{name}.yaml"), *layers))
 
 
 def run_data(data: dict[str, Any], spec: RunSpec) -> dict[str, Any]:

@@ -18,7 +18,7 @@ PACKAGES = ("torch", "torchvision", "transformers", "timm", "accelerate", "hydra
 def package_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
-    from vlkit import __version__
+    from vlkit.version import __version__
 
     out = {"vlkit": __version__, "python": platform.python_version()}
     for name in PACKAGES:

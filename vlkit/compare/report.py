@@ -140,6 +140,16 @@ def dump_json(value: Any) -> str:
     return json.dumps(clean_json(value), indent=2, sort_keys=True, allow_nan=False)
 
 
+def claims_table(claims: list[dict[str, Any]]) -> str:
+    lines = []
+    for c in claims:
+        effect = "–" if c["effect"] != c["effect"] else f"{c['effect'] * POINTS:+.1f} ± {c['ci95'] * POINTS:.1f}"
+        p = "–" if c["p_holm"] != c["p_holm"] else f"{c['p_holm']:.3f}"
+        lines.append([c["claim"], f"{c['a']} vs {c['b']}", c["metric"], c.get("paper", ""), effect, p,
+                      f"**{c['verdict']}**"])
+    return markdown_table(["claim", "compared", "metric", "paper", "effect (points)", "Holm p", "verdict"], lines)
+
+
 def analyse(records: list[dict[str, Any]], claims: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Everything the report shows, as data: summary rows, tests, chance levels, detectable effects, claims."""
     from vlkit.compare.claims import evaluate_claims
@@ -156,7 +166,6 @@ def analyse(records: list[dict[str, Any]], claims: list[dict[str, Any]] | None =
 
 def write_outputs(output_dir: Path, cfg: dict[str, Any], records: list[dict[str, Any]], audit: dict[str, Any],
                   curves: dict[str, list[dict[str, Any]]], wall: float) -> str:
-    from vlkit.compare.claims import claims_table
     from vlkit.io import atomic_write_text
 
     result = analyse(records, cfg["compare"].get("claims"))

@@ -93,7 +93,7 @@ def run_job(plan_path: str | Path, key: str) -> dict[str, Any]:
 
 if __name__ == "__main__":  # one rank of a multi-process unit (accelerate launch ... -m vlkit.compare.worker PLAN KEY)
     outcome = run_job(sys.argv[1], sys.argv[2])
-    from vlkit.train.distributed import shutdown
+    from vlkit.runtime import shutdown
 
     shutdown(barrier=True)
     sys.exit(0 if outcome["state"] == "finished" else 3)

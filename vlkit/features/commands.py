@@ -53,7 +53,7 @@ def extract_features(cfg: DictConfig) -> int:
             _summary(cfg.out)
         return 0
     from vlkit.features.detector import extract_features as run
-    from vlkit.train.pipeline import set_threads
+    from vlkit.runtime import set_threads
 
     set_threads(cfg.get("threads"))
     out = run(image_files(cfg.images), cfg.out, device=cfg.device, progress=cfg.progress, **_extraction_options(cfg))
@@ -64,8 +64,7 @@ def extract_features(cfg: DictConfig) -> int:
 def _extract_spread(cfg: dict[str, Any]) -> None:
     """One process of a spread extraction (started by `vlkit.features.distributed.launch` or ``accelerate launch``)."""
     from vlkit.features.distributed import distributed_extraction
-    from vlkit.train.distributed import shutdown
-    from vlkit.train.pipeline import set_threads
+    from vlkit.runtime import set_threads, shutdown
 
     set_threads(cfg.get("threads"))
     try:
@@ -79,7 +78,7 @@ def _extract_spread(cfg: dict[str, Any]) -> None:
 
 def import_features(cfg: DictConfig) -> int:
     from vlkit.features.importers import import_features as run
-    from vlkit.train.pipeline import set_threads
+    from vlkit.runtime import set_threads
 
     set_threads(cfg.get("threads"))
     out = run(cfg.src, cfg.format, cfg.out, resume=cfg.resume, dtype=cfg.dtype, image_sizes=cfg.image_sizes,

@@ -19,8 +19,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vlkit.features.store import (FeatureStoreError, _copy_images, _file_attrs, _open_h5, _provenance_diff,
-                                  _unkey)
+from vlkit.features.h5format import (FeatureStoreError, copy_images, file_attrs, open_h5, provenance_diff,
+                                     unescape_id)
 from vlkit.io import atomic_path, atomic_write_text, refuse_overwrite
 
 INDEX = "index.json"
@@ -70,14 +70,14 @@ def build_index(directory: str | os.PathLike) -> Path:
     owner: dict[str, str] = {}
     shards = []
     for path in files:
-        with _open_h5(path) as f:
-            attrs = _file_attrs(f, path)
-            ids = [_unkey(k) for k in f.keys()]
+        with open_h5(path) as f:
+            attrs = file_attrs(f, path)
+            ids = [unescape_id(k) for k in f.keys()]
         if first is None:
             first = (path, attrs)
         else:
             ref_path, ref = first
-            diff = _provenance_diff(ref["provenance"], attrs["provenance"])
+            diff = provenance_diff(ref["provenance"], attrs["provenance"])
             diff += ["dtype"] if attrs["dtype"] != ref["dtype"] else []
             if diff:
                 raise FeatureStoreError(f"{path}: written with different settings than {ref_path.name} "
@@ -144,17 +144,17 @@ def merge_shards(directory: str | os.PathLike, out: str | os.PathLike, overwrite
     build_index(directory)
     index = read_index(directory)
     sources = [directory / s["file"] for s in index["shards"]]
-    with _open_h5(sources[0]) as f:
+    with open_h5(sources[0]) as f:
         attrs = {k: v for k, v in f.attrs.items() if k not in ("num_images", "replaces", "level")}
     schema_source = next((directory / s["file"] for s in index["shards"] if s["num_images"]), sources[0])
-    with _open_h5(schema_source) as f:
+    with open_h5(schema_source) as f:
         for key in ("schema", "box_order", "has_soft_labels"):
             attrs[key] = f.attrs[key]
     with atomic_path(out) as tmp:
-        with _open_h5(tmp, "w") as dst:
+        with open_h5(tmp, "w") as dst:
             for key, value in attrs.items():
                 dst.attrs[key] = value
-            dst.attrs["num_images"] = _copy_images(sources, dst)
+            dst.attrs["num_images"] = copy_images(sources, dst)
     return out
 
 

@@ -37,13 +37,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from vlkit.features.h5format import (FORMAT, FORMAT_VERSION, FeatureStoreError, copy_images, escape_id, file_attrs,
+                                     open_h5, provenance_diff, unescape_id, vlkit_version)
 from vlkit.io import atomic_path, remove_orphans
 from vlkit.validate import DataError, region_problems
 
 log = logging.getLogger(__name__)
 
-FORMAT = "vlkit-features"
-FORMAT_VERSION = 1
 # field -> (rank, storage dtype; None = the writer's feature dtype)
 FIELDS: dict[str, tuple[int, str | None]] = {
     "features": (2, None), "boxes": (2, "float32"), "cls_prob": (2, None), "attr_prob": (2, None),
@@ -52,13 +52,7 @@ FIELDS: dict[str, tuple[int, str | None]] = {
 }
 REQUIRED = ("features", "boxes")
 CHECKED = ("cls_prob", "attr_prob", "conf", "objects_conf", "attrs_conf")  # float fields that must be finite
-_UNCOMPARED = ("vlkit_version",)
-_FILE_ATTRS = ("provenance", "schema", "dtype")
 COMPACT_EVERY = 64
-
-
-class FeatureStoreError(RuntimeError):
-    """A store file that cannot be read or written as asked (the message names the file and image)."""
 
 
 class InvalidRegionsError(FeatureStoreError, DataError):
@@ -74,59 +68,6 @@ def skipped_path(out: str | os.PathLike) -> Path:
     (``<out>.skipped.jsonl``, one JSON object per image with its reason)."""
     out = Path(out)
     return out.with_name(out.name + ".skipped.jsonl")
-
-
-def _key(image_id: str) -> str:
-    key = str(image_id).replace("%", "%25").replace("/", "%2F")
-    return "%2E" if key == "." else key
-
-
-def _unkey(key: str) -> str:
-    return "." if key == "%2E" else key.replace("%2F", "/").replace("%25", "%")
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("vlkit")
-    except PackageNotFoundError:
-        import vlkit
-
-        return vlkit.__version__
-
-
-def _open_h5(path: Path, mode: str = "r"):
-    import h5py
-
-    try:
-        return h5py.File(path, mode)
-    except OSError as e:
-        raise FeatureStoreError(f"{path}: cannot open as HDF5 ({e}); the file is truncated or not a feature store") from e
-
-
-def _file_attrs(f, path: Path) -> dict[str, Any]:
-    if f.attrs.get("vlkit_format") != FORMAT:
-        raise FeatureStoreError(f"{path}: not a vlkit feature store (missing vlkit_format={FORMAT!r} attribute)")
-    if int(f.attrs.get("format_version", 0)) > FORMAT_VERSION:
-        raise FeatureStoreError(f"{path}: format version {f.attrs['format_version']} is newer than this vlkit reads")
-    missing = [name for name in _FILE_ATTRS if name not in f.attrs]
-    if missing:
-        raise FeatureStoreError(f"{path}: says it is a vlkit feature store but lacks the file attribute(s) "
-                                f"{', '.join(missing)}; it was not written by vlkit's FeatureStoreWriter")
-    try:
-        provenance, schema = json.loads(f.attrs["provenance"]), json.loads(f.attrs["schema"])
-        schema = {str(k): tuple(int(d) for d in v) for k, v in schema.items()}
-        if not isinstance(provenance, dict):
-            raise TypeError(f"provenance is a {type(provenance).__name__}")
-    except (json.JSONDecodeError, TypeError, ValueError, AttributeError) as e:
-        raise FeatureStoreError(f"{path}: the provenance / schema attributes are not vlkit's JSON ({e})") from e
-    return {"provenance": provenance, "schema": schema, "dtype": str(f.attrs["dtype"])}
-
-
-def _provenance_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    keys = (set(a) | set(b)) - set(_UNCOMPARED)
-    return sorted(k for k in keys if a.get(k) != b.get(k))
 
 
 # --------------------------------------------------------------------------- writing
@@ -148,7 +89,7 @@ class FeatureStoreWriter:
             raise ValueError(f"dtype must be float16 or float32, got {dtype!r}")
         self.path = Path(path)
         self.parts = self.path.with_name(self.path.name + ".parts")
-        self.provenance = json.loads(json.dumps({**(provenance or {}), "vlkit_version": _version()}, default=str))
+        self.provenance = json.loads(json.dumps({**(provenance or {}), "vlkit_version": vlkit_version()}, default=str))
         self.dtype = dtype
         self.flush_every = flush_every
         self.compact_every = compact_every
@@ -166,16 +107,16 @@ class FeatureStoreWriter:
             return
         self._finish_compaction()
         for source in self._sources():
-            with _open_h5(source) as f:
-                attrs = _file_attrs(f, source)
-                diff = _provenance_diff(attrs["provenance"], self.provenance)
+            with open_h5(source) as f:
+                attrs = file_attrs(f, source)
+                diff = provenance_diff(attrs["provenance"], self.provenance)
                 diff += ["dtype"] if attrs["dtype"] != dtype else []
                 if diff:
                     raise FeatureStoreError(
                         f"{source}: written with different settings ({', '.join(diff)}); resume=False starts over"
                     )
                 self._check_schema(attrs["schema"], str(source))
-                self.done_ids.update(_unkey(k) for k in f.keys())
+                self.done_ids.update(unescape_id(k) for k in f.keys())
                 if source != self.path:
                     self._levels[source.name] = int(f.attrs.get("level", 0))
         shards = self._shards()
@@ -194,7 +135,7 @@ class FeatureStoreWriter:
     def _finish_compaction(self) -> None:
         """Delete the shards a compacted shard replaces (left when a kill came between its rename and their deletion)."""
         for shard in self._shards():
-            with _open_h5(shard) as f:
+            with open_h5(shard) as f:
                 replaced = json.loads(f.attrs.get("replaces", "[]"))
             for name in replaced:
                 (self.parts / name).unlink(missing_ok=True)
@@ -275,10 +216,10 @@ class FeatureStoreWriter:
             return
         shard = self._next_shard()
         with atomic_path(shard) as tmp:
-            with _open_h5(tmp, "w") as f:
+            with open_h5(tmp, "w") as f:
                 self._write_attrs(f)
                 for image_id, rows in self._buffer:
-                    g = f.create_group(_key(image_id))
+                    g = f.create_group(escape_id(image_id))
                     g.attrs["image_h"], g.attrs["image_w"] = rows["image_h"], rows["image_w"]
                     for name, arr in rows.items():
                         if name in ("image_h", "image_w"):
@@ -301,11 +242,11 @@ class FeatureStoreWriter:
             level, names = full[0]
             target = self._next_shard()
             with atomic_path(target) as tmp:
-                with _open_h5(tmp, "w") as dst:
+                with open_h5(tmp, "w") as dst:
                     self._write_attrs(dst)
                     dst.attrs["replaces"] = json.dumps(names)
                     dst.attrs["level"] = level + 1
-                    _copy_images([self.parts / n for n in names], dst)
+                    copy_images([self.parts / n for n in names], dst)
             for name in names:
                 (self.parts / name).unlink(missing_ok=True)
                 del self._levels[name]
@@ -322,9 +263,9 @@ class FeatureStoreWriter:
             return self.path
         sources = self._sources()
         with atomic_path(self.path) as tmp:
-            with _open_h5(tmp, "w") as dst:
+            with open_h5(tmp, "w") as dst:
                 self._write_attrs(dst)
-                dst.attrs["num_images"] = _copy_images(sources, dst)
+                dst.attrs["num_images"] = copy_images(sources, dst)
         shutil.rmtree(self.parts, ignore_errors=True)
         return self.path
 
@@ -341,17 +282,6 @@ class FeatureStoreWriter:
             except Exception as err:  # noqa: BLE001 - the first failure (a full disk fails this flush too) is reported
                 log.warning("%s: the last %d buffered image(s) could not be kept (%s); a resumed run extracts them "
                             "again", self.path, len(self._buffer), err)
-
-
-def _copy_images(sources: list[Path], dst) -> int:
-    """Copy every image group of ``sources`` into the open h5 ``dst``, once (an image found again, in
-    shards a kill left beside the store they were merged into, is the same image); returns the count."""
-    for source in sources:
-        with _open_h5(source) as src:
-            for name in src:
-                if name not in dst:
-                    src.copy(src[name], dst, name=name)
-    return len(dst)
 
 
 # --------------------------------------------------------------------------- reading
@@ -402,7 +332,7 @@ class FeatureStore:
             self._extra: dict[str, Any] = {"vlkit_format": FORMAT, "dtype": index["dtype"], "sharded": True,
                                            "num_shards": len(index["shards"]), "num_images": len(self._owner)}
             if index["shards"]:
-                with _open_h5(self.path / index["shards"][0]["file"]) as f:
+                with open_h5(self.path / index["shards"][0]["file"]) as f:
                     self._extra.update({k: (v.item() if hasattr(v, "item") else v) for k, v in f.attrs.items()
                                         if k in ("box_order", "has_soft_labels", "boxes", "format_version")})
                 self._extra["box_order"] = "descending conf" if "conf" in index["schema"] else "as written"
@@ -412,8 +342,8 @@ class FeatureStore:
                 parts = self.path.with_name(self.path.name + ".parts")
                 hint = f"; an unfinished run left {parts} (run again with resume=true)" if parts.exists() else ""
                 raise FileNotFoundError(f"{self.path}: feature store not found{hint}")
-            with _open_h5(self.path) as f:
-                self._meta = _file_attrs(f, self.path)
+            with open_h5(self.path) as f:
+                self._meta = file_attrs(f, self.path)
                 self._extra = {k: (v.item() if hasattr(v, "item") else v) for k, v in f.attrs.items()
                                if k not in ("provenance", "schema")}
         self._files: dict[str, Any] = {}
@@ -429,15 +359,15 @@ class FeatureStore:
         f = self._files.get(name)
         if f is None:
             path = self.path / shard if shard else self.path
-            f = _open_h5(path)
+            f = open_h5(path)
             if shard:
                 self._check_shard(f, path, shard)
             self._files[name] = f
         return f
 
     def _check_shard(self, f, path: Path, shard: str) -> None:
-        attrs = _file_attrs(f, path)
-        diff = _provenance_diff(attrs["provenance"], self._meta["provenance"])
+        attrs = file_attrs(f, path)
+        diff = provenance_diff(attrs["provenance"], self._meta["provenance"])
         diff += ["dtype"] if attrs["dtype"] != self._meta["dtype"] else []
         diff += ["schema"] if attrs["schema"] and attrs["schema"] != self._meta["schema"] else []
         diff += ["image count"] if len(f) != self._shard_sizes[shard] else []
@@ -449,11 +379,11 @@ class FeatureStore:
     def _group(self, image_id: str):
         """(h5 group of ``image_id`` or None, the file that holds it)."""
         if self._owner is None:
-            return self._h5().get(_key(image_id)), self.path
+            return self._h5().get(escape_id(image_id)), self.path
         shard = self._owner.get(image_id)
         if shard is None:
             return None, self.path
-        return self._h5(shard).get(_key(image_id)), self.path / shard
+        return self._h5(shard).get(escape_id(image_id)), self.path / shard
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_files": {}, "_pid": None}
@@ -493,13 +423,13 @@ class FeatureStore:
 
     def ids(self) -> list[str]:
         if self._ids is None:
-            self._ids = list(self._owner) if self._owner is not None else [_unkey(k) for k in self._h5().keys()]
+            self._ids = list(self._owner) if self._owner is not None else [unescape_id(k) for k in self._h5().keys()]
         return list(self._ids)
 
     def __contains__(self, image_id: object) -> bool:
         if self._owner is not None:
             return str(image_id) in self._owner
-        return _key(str(image_id)) in self._h5()
+        return escape_id(str(image_id)) in self._h5()
 
     def __len__(self) -> int:
         return len(self._owner) if self._owner is not None else len(self._h5())

@@ -294,7 +294,7 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
 
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write ``config.json`` and ``model.safetensors`` (each atomically) into ``directory``."""
-        from vlkit import __version__
+        from vlkit.version import __version__
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)

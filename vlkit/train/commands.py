@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from vlkit.runtime import set_threads
 from vlkit.train import pipeline
 
 
@@ -76,7 +77,7 @@ def pretrain(cfg, overrides: Sequence[str] | None = None) -> int:
     """Pre-train ``model`` on ``data`` with the objective mix ``objectives`` (default: the family's own)."""
     seed = cfg.trainer.seed
     model_cfg, check = _model_and_preflight(cfg, overrides)
-    pipeline.set_threads(cfg.get("threads"), model_cfg.get("preset"))
+    set_threads(cfg.get("threads"), model_cfg.get("preset"))
     env, model = _prepare(cfg, model_cfg, check, overrides)
     trainer_cfg = pipeline.plain(cfg.trainer) | {"resume": bool(cfg.resume)}
     _, result = pipeline.pretrain_model(env, model, cfg.get("objectives"), trainer_cfg, cfg.trainer.output_dir, seed,
@@ -94,7 +95,7 @@ def finetune(cfg, overrides: Sequence[str] | None = None) -> int:
         raise ValueError(f"vlkit finetune needs a task: task={' | '.join(TASKS.names())}")
     seed = cfg.trainer.seed
     model_cfg, check = _model_and_preflight(cfg, overrides)
-    pipeline.set_threads(cfg.get("threads"), model_cfg.get("preset"))
+    set_threads(cfg.get("threads"), model_cfg.get("preset"))
     env, model = _prepare(cfg, model_cfg, check, overrides)
     if cfg.get("init") and (Path(cfg.init) / pipeline.PRETRAINING_WEIGHTS).exists():
         model = pipeline.load_pretraining(cfg.init, model)  # its heads: retrieval starts from the ITM head
@@ -129,7 +130,7 @@ def evaluate(cfg, overrides: Sequence[str] | None = None) -> int:
     if info["kind"] not in ("pretrain", "finetune"):
         raise ValueError(f"{directory} holds a {info['kind']} without heads: fine-tune it (init={directory}) first")
     _, model_cfg = read_init(directory)  # the run's model config: its input geometry
-    pipeline.set_threads(cfg.get("threads"), model_cfg.get("preset"))
+    set_threads(cfg.get("threads"), model_cfg.get("preset"))
     eval_options = {k: v for k, v in (pipeline.plain(cfg.get("eval_options")) or {}).items() if v is not None}
     if info["kind"] == "finetune":
         task_cfg = info["task_cfg"] if info.get("task_cfg") is not None else pipeline.plain(cfg.task)

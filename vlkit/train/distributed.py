@@ -77,25 +77,6 @@ def build_train_loader(dataset: Dataset, batching: str = "fixed", batch_size: in
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, num_workers=num_workers)
 
 
-def shutdown(barrier: bool = True) -> None:
-    """End the process group (after a barrier: every rank done) while the interpreter is still alive;
-    ``barrier=False`` on an error path, where the other ranks may never reach one.
-
-    A process that exits with a gloo process group alive can abort (``terminate called without an active
-    exception``, exit code -6): the group's C++ threads are torn down during interpreter finalisation
-    while a peer's connection closes. Every entry point that may run under ``accelerate launch`` /
-    ``torchrun`` calls this before returning (the ``vlkit`` console script does)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    try:
-        if barrier:
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
 def batch_units(batch: VLBatch, patch_size: int | None = None) -> tuple[int, int]:
     """(real, padded) input units of a batch: text tokens plus regions, or plus patches of
     ``patch_size`` (pixel images carry no padding; without a patch size they count nothing)."""

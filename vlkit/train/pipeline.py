@@ -33,20 +33,6 @@ def plain(cfg: Any) -> Any:
     return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, (DictConfig, ListConfig)) else copy.deepcopy(cfg)
 
 
-def set_threads(threads: int | None, preset: str | None = None) -> int:
-    """A command's ``threads=``: the given count, else 1 for ``tiny`` presets (a tiny model's ops are too small
-    to share: two threads on a busy 2-core machine ran 10x slower than one) and torch's default otherwise."""
-    import torch
-
-    if threads is None and preset == "tiny":
-        threads = 1
-    if threads is not None:
-        if int(threads) < 1:
-            raise ValueError(f"threads={threads}: use a positive number of torch threads (or null)")
-        torch.set_num_threads(int(threads))
-    return torch.get_num_threads()
-
-
 def cache_dir(cfg_value: str | None = None) -> Path:
     """Where derived data (shapes feature stores) is cached: ``cache_dir=``, ``$VLKIT_CACHE`` or ~/.cache/vlkit."""
     return Path(cfg_value or os.environ.get("VLKIT_CACHE") or Path.home() / ".cache" / "vlkit")

@@ -165,7 +165,7 @@ class Preflight:
         hold keys this one lacks)."""
         import dataclasses
 
-        from vlkit import __version__
+        from vlkit.version import __version__
         from vlkit.registry import MODELS, UnknownNameError
 
         try:

@@ -470,7 +470,7 @@ class Trainer:
     def _save(self, model: nn.Module, optimizer: Any, scheduler: Any, stream: _BatchStream, step: int) -> Path:
         from accelerate.utils import gather_object
 
-        from vlkit import __version__
+        from vlkit.version import __version__
 
         acc = self.accelerator
         rngs = gather_object([ckpt.rng_state()])

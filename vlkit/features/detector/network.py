@@ -466,12 +466,6 @@ class BottomUpDetector(nn.Module):
             results.append(_numpy({"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]}))
         return results
 
-    def losses(self, images: Sequence[Any], targets: Sequence[dict[str, Any]]) -> dict[str, Tensor]:
-        """Faster R-CNN training losses for one same-size batch (`vlkit.features.detector.training.losses`)."""
-        from vlkit.features.detector.training import losses
-
-        return losses(self, images, targets)
-
 
 def _as_rgb_array(img: Any) -> np.ndarray:
     """PIL image (any mode), path, or HxWx3 uint8 RGB array -> HxWx3 uint8 RGB array (`vlkit.validate.rgb_array`:

@@ -1,0 +1,63 @@
+"""The public functions of ``import vlkit`` (`vlkit.build_model`, `vlkit.build_task` ...): the top of the
+house, over the models, objectives and tasks they build. ``vlkit/__init__`` names them and imports this
+module on first use, so that importing any part of vlkit never imports a higher layer.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from vlkit.registry import MODELS, OBJECTIVES, TASKS
+
+
+def list_models(presets: bool = False) -> list[str]:
+    """Names of the registered model families (built-ins plus plugins); with ``presets=True`` every
+    preset as ``<family>/<preset>`` (``uniter/base``, ``uniter/tiny`` ...)."""
+    if presets:
+        from vlkit.models.base import list_presets
+
+        return list_presets()
+    return MODELS.names()
+
+
+def build_model(name_or_cfg: Any, preset: str | None = None, **overrides: Any):
+    """Build a model: ``build_model("uniter", preset="base", num_hidden_layers=6)`` or ``build_model(cfg)``."""
+    from vlkit.models.base import build_model as _build
+
+    return _build(name_or_cfg, preset=preset, **overrides)
+
+
+def from_pretrained(path: str, **kwargs: Any):
+    """Load a model saved with ``model.save_pretrained(path)`` (config.json + model.safetensors)."""
+    from vlkit.models.base import from_pretrained as _load
+
+    return _load(path, **kwargs)
+
+
+def list_objectives() -> list[str]:
+    return OBJECTIVES.names()
+
+
+def build_objective(name: str, model, **cfg: Any):
+    """One objective with its head for ``model``: ``build_objective("itm", model, split="half")``."""
+    from vlkit.objectives import build_objective as _build
+
+    return _build(name, model, **cfg)
+
+
+def build_pretraining(model, mix: Any = None):
+    """The pre-training module (heads + objective mix) for ``model``; ``mix`` is a preset name, a YAML
+    path or a dict (None: the family's own mix, its ``default_mix``)."""
+    from vlkit.objectives.mix import build_pretraining as _build
+
+    return _build(model, type(model).default_mix if mix is None else mix)
+
+
+def list_tasks() -> list[str]:
+    return TASKS.names()
+
+
+def build_task(name: str, model, **cfg: Any):
+    """A downstream task with the family's head for it (or the generic one): ``build_task("vqa", model, num_answers=3129)``."""
+    from vlkit.tasks import build_task as _build
+
+    return _build(name, model, **cfg)
