@@ -180,9 +180,11 @@ def report_from_folder(comparison: Comparison, wall: float | None = None) -> str
     """Rebuild the report (``results.*``, plots, ``manifest.json``, ``units.md``) from the units' folders;
     the units that are not finished are listed as missing, running, failed or stale. Returns the table."""
     from vlkit.compare.manifest import write_manifest
-    from vlkit.compare.plots import plot_transport_plan
+    from vlkit.compare.plots import plot_alignment
     from vlkit.compare.report import markdown_table, write_outputs
     from vlkit.io import atomic_write_text
+    from vlkit.objectives.mix import mix_objectives
+    from vlkit.registry import OBJECTIVES
     from vlkit.train import pipeline
 
     cfg, output_dir = comparison.cfg, comparison.output_dir
@@ -206,12 +208,12 @@ def report_from_folder(comparison: Comparison, wall: float | None = None) -> str
     expected = cfg.get("expected_data_hash")
     if expected and expected != audit["data_hash"] and len(done) == len(states):
         raise RuntimeError(f"the data differ from the manifest's (hash {audit['data_hash'][:12]} != {expected[:12]})")
-    wra = next((s for i, s in enumerate(comparison.specs) if s.objectives is not None
-                and "wra" in (objective_mix(s) or {}).get("objectives", {}).get("itm", {})
-                and any(u.is_pretrain and u.run == i and u.seed == cfg["compare"]["seeds"][0] for u in done)), None)
-    if wra is not None:  # the transport plan of the first run with WRA, first seed
-        run_dir = output_dir / "runs" / wra.name / f"seed{cfg['compare']['seeds'][0]}" / "pretrain"
-        plot_transport_plan(output_dir, pipeline.load_pretraining(run_dir), comparison.environment(wra))
+    shown = next((s for i, s in enumerate(comparison.specs) if s.objectives is not None
+                  and any(OBJECTIVES.get(name).alignment_title for name in mix_objectives(objective_mix(s)))
+                  and any(u.is_pretrain and u.run == i and u.seed == cfg["compare"]["seeds"][0] for u in done)), None)
+    if shown is not None:  # the word-region alignment (WRA's transport plan) of the first run that shows one
+        run_dir = output_dir / "runs" / shown.name / f"seed{cfg['compare']['seeds'][0]}" / "pretrain"
+        plot_alignment(output_dir, pipeline.load_pretraining(run_dir), comparison.environment(shown))
     store = next((env.data["image"].get("path") for env in comparison._environments.values()
                   if env.data["image"].get("source") == "features"), None)
     write_manifest(output_dir, cfg, audit, store, wall, complete=len(done) == len(states))

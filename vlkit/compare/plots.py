@@ -95,12 +95,12 @@ def plot_results(output_dir: Path, rows: list[dict[str, Any]], metrics: list[str
     plot_curves(output_dir / "loss_curves.png", curves)
 
 
-def plot_transport_plan(output_dir: Path, pre: Any, env: Any, image_index: int = 0) -> Path | None:
-    """A WRA transport plan (words x regions, with a colour bar) beside its image with the numbered region
-    boxes and the caption, for one example of the pre-training data of a run whose mix has WRA."""
-    from vlkit.objectives.ot import cosine_cost, ipot
-
-    if env.world is None or "wra" not in pre.objectives:
+def plot_alignment(output_dir: Path, pre: Any, env: Any, image_index: int = 0) -> Path | None:
+    """The word-region alignment of the objective of a run's mix that shows one (`Objective.alignment`: WRA's
+    transport plan, words x regions, with a colour bar) beside its image with the numbered region boxes and
+    the caption, for one example of the run's pre-training data: ``<objective>_plan.png``."""
+    shown = pre.shown_alignment()
+    if env.world is None or shown is None:
         return None
     plt = _pyplot()
     dataset = pipeline.pretraining_dataset(env)
@@ -108,9 +108,7 @@ def plot_transport_plan(output_dir: Path, pre: Any, env: Any, image_index: int =
     batch = dataset.collator()([example])
     pre.eval()
     with torch.no_grad():
-        out = pre.model(batch)
-        cost = cosine_cost(out.text_states.float(), out.region_states.float())
-        _, plan = ipot(cost, out.text_mask.bool(), out.region_mask.bool())
+        plan = shown.alignment(pre.model(batch))
     tokens = env.tokenizer.convert_ids_to_tokens(batch.input_ids[0].tolist())
     image = env.world.load_image(example["image_id"])
     boxes = batch.region_boxes[0] * torch.tensor([image.width, image.height] * 2)
@@ -128,11 +126,11 @@ def plot_transport_plan(output_dir: Path, pre: Any, env: Any, image_index: int =
     right.set_xticks(range(shown.shape[1]))
     right.set_xticklabels([str(j) for j in range(shown.shape[1])], fontsize=6)
     right.set_xlabel("region")
-    fig.colorbar(heat, ax=right, label="transported mass")
+    fig.colorbar(heat, ax=right, label=shown.alignment_unit)
     caption = dataset.data[image_index]["caption"]
-    fig.suptitle(f"WRA transport plan: \"{caption}\"", fontsize=8, wrap=True)
+    fig.suptitle(f"{shown.alignment_title}: \"{caption}\"", fontsize=8, wrap=True)
     fig.tight_layout()
-    path = output_dir / "wra_plan.png"
+    path = output_dir / f"{shown.name}_plan.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

@@ -51,7 +51,7 @@ def itm_accuracy(pre: Any, pairs: Any, limit: int = 2000, batch_size: int = 128,
     """Held-out image-text matching accuracy of a pre-training's ITM head: each of the first ``limit``
     captions of ``pairs`` with its own image and with the image of another caption (a seeded draw among
     the other images), so chance is 0.5; P(matched) > 0.5 counts as "matched"."""
-    itm = pre.objectives["itm"]
+    itm = pre.scorer()
     n = min(limit, len(pairs))
     generator = torch.Generator().manual_seed(seed)
     image_of = [str(i) for i in pairs.data["image_id"]]
@@ -219,11 +219,11 @@ class Comparison:
                "stats": {"pretrain_wall_s": wall, "train_samples_per_s": len(seen) / wall if wall else float("nan"),
                          "pretrain_final_loss": curve[-1]["loss"] if curve else float("nan")},
                "metrics": {}}
-        if "itm" in pre.objectives and self.compare.get("itm_pairs", 2000):  # 0: no held-out ITM accuracy
+        if pre.scorer() is not None and self.compare.get("itm_pairs", 2000):  # 0: no held-out ITM accuracy
             pairs = self.eval_pairs(spec)
             out["metrics"].update(itm_acc=itm_accuracy(pre, pairs, self.compare.get("itm_pairs", 2000), seed=0),
                                   itm_acc_chance=0.5)
-        if "retrieval" in self.compare["tasks"] and self.compare.get("zero_shot", True) and "itm" in pre.objectives:
+        if "retrieval" in self.compare["tasks"] and self.compare.get("zero_shot", True) and pre.scorer() is not None:
             out["metrics"].update(self._zero_shot(env, pre, spec))
         out["wall_s"] = time.perf_counter() - start
         out["stats"]["pretrain_eval_wall_s"] = out["wall_s"] - wall  # held-out ITM and zero-shot retrieval
@@ -312,12 +312,12 @@ class Comparison:
         return records, audit, curves
 
     def _zero_shot(self, env, pre: Any, spec: RunSpec) -> dict[str, float]:
-        from vlkit.tasks import build_task
+        from vlkit.registry import TASKS
 
         task_cfg = self.task_cfg("retrieval", spec)
         data = self.task_data(env, task_cfg)
         options = {k: v for k, v in (task_cfg.get("options") or {}).items() if k in ("eval_mode", "rerank_k", "prerank_ridge")}
-        task = build_task("retrieval", pre, scorer="itm", **options, **data.options)
+        task = TASKS.get("retrieval").zero_shot(pre, **options, **data.options)
         raw = task.evaluate(data.eval[self.compare.get("eval_split", "val")], batch_size=task_cfg.get("eval_batch_size", 64))
         return {f"zs_{k}": float(v) for k, v in raw.items()}
 

@@ -449,13 +449,14 @@ def pretraining_mix(model: nn.Module, present: Sequence[str], extra: Mapping[str
     """The family's default objective mix restricted to the objectives whose heads the checkpoint holds
     (``present``), with ``options`` merged into theirs and ``extra`` objectives added (their heads too)."""
     from vlkit.objectives.mix import load_mix
+    from vlkit.registry import OBJECTIVES
 
     mix = load_mix(type(model).default_mix)
     objectives = {}
     for name, opts in mix["objectives"].items():
         if name in present:
             objectives[name] = {**(opts or {}), **(options or {}).get(name, {})}
-        elif name not in ("mlm", "mrfr", "mrc", "mrc_kl", "itm", "mim"):
+        elif not OBJECTIVES.get(name).has_head:
             objectives[name] = opts  # head-less companions (wra) ride along
     for name, opts in (extra or {}).items():
         if name in present:

@@ -96,6 +96,18 @@ class Objective(nn.Module, metaclass=abc.ABCMeta):
     # reads the detector's class distributions of the regions (``VLBatch.region_soft_labels``): the preflight
     # checks the feature store has them, with the model's ``region_classes`` classes
     needs_soft_labels: ClassVar[bool] = False
+    # offers retrieval a matching score of fused pairs (`match_score`): zero-shot retrieval scores with it, and a
+    # comparison measures its held-out matching accuracy (ITM)
+    offers_scorer: ClassVar[bool] = False
+    # shows how it aligns words with regions: a comparison plots `alignment` under this title (WRA's transport
+    # plan), the colour bar labelled ``alignment_unit``; None: it shows nothing
+    alignment_title: ClassVar[str | None] = None
+    alignment_unit: ClassVar[str] = ""
+    # has a head of its own in a checkpoint (a converter restricts a mix to the heads a file holds; a head-less
+    # companion such as WRA rides along)
+    has_head: ClassVar[bool] = True
+    # parts fitted on training data before pre-training (MIM's k-means codebook): `fit`, `fitted_from_checkpoint`
+    needs_fit: bool = False
 
     def __init__(self, model: VLModel):
         super().__init__()
@@ -116,6 +128,22 @@ class Objective(nn.Module, metaclass=abc.ABCMeta):
         image [B, K])`` bool masks (None: that side is not read), or None when it reads every state (the
         default). The mixture lets the model compute the last layers at those positions only."""
         return (None, None) if self.joint_only else None
+
+    def match_score(self, out: VLOutput) -> Tensor:
+        """[B] how well each fused pair of ``out`` matches (higher = better), for an objective that
+        ``offers_scorer``."""
+        raise TypeError(f"objective {self.name!r} offers no matching score")
+
+    def alignment(self, out: VLOutput) -> Tensor:
+        """[B, T, K] how each word of ``out`` aligns with each region, for an objective with an ``alignment_title``."""
+        raise TypeError(f"objective {self.name!r} shows no word-region alignment")
+
+    def fit(self, pixel_values: Tensor) -> None:
+        """Fit the data-dependent parts on training images [M, 3, H, W], for an objective that ``needs_fit``."""
+        raise TypeError(f"objective {self.name!r} fits nothing on data")
+
+    def fitted_from_checkpoint(self) -> None:
+        """The data-fitted parts come with the weights about to be loaded (a saved run): mark them fitted."""
 
     def attach(self, objectives: Mapping[str, Objective]) -> None:
         """Called once the mixture holds all its objectives (by name): a head shared with another

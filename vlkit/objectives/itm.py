@@ -78,6 +78,7 @@ class ImageTextMatching(Objective):
     name = "itm"
     view = "pairs"
     joint_only = True
+    offers_scorer = True
 
     def __init__(self, model: VLModel, negatives: str = "image", split: str = "bernoulli", neg_prob: float = 0.5,
                  match_index: int = 1, dropout: float = 0.0):

@@ -185,6 +185,10 @@ class MaskedImageModeling(Objective):
             raise ValueError("mim: only a k-means codebook is fitted; this objective has none")
         self.tokenizer.fit(pixel_values, seed=seed)
 
+    def fitted_from_checkpoint(self) -> None:
+        if isinstance(getattr(self, "tokenizer", None), KMeansPatchTokenizer):
+            self.tokenizer.fitted.fill_(True)
+
     @classmethod
     def check(cls, model: VLModel) -> None:
         if model.image_input != "pixels":

@@ -77,6 +77,15 @@ def load_mix(mix: Any) -> dict[str, Any]:
     return dict(mix)
 
 
+def mix_objectives(mix: Any) -> list[str]:
+    """The objective names of a mix (companions such as WRA included)."""
+    names = []
+    for name, options in load_mix(mix)["objectives"].items():
+        names.append(name)
+        names += [k for k in (options or {}) if k in OBJECTIVES.names()]
+    return names
+
+
 def build_objective(name: str, model: VLModel, **options: Any) -> Objective:
     """One registered objective for ``model``, with the family's official defaults under ``options``."""
     cls = OBJECTIVES.get(name)
@@ -166,6 +175,14 @@ class Pretraining(nn.Module):
             for companion, weight in unit.companions.items():
                 passes[self.objectives[unit.name].view].append((companion, weight))
         return [(frozenset([view]), scored_) for view, scored_ in passes.items()]
+
+    def scorer(self) -> Objective | None:
+        """The first objective of the mix that offers retrieval a matching score (`Objective.offers_scorer`)."""
+        return next((o for o in self.objectives.values() if o.offers_scorer), None)
+
+    def shown_alignment(self) -> Objective | None:
+        """The first objective of the mix that shows a word-region alignment (`Objective.alignment_title`)."""
+        return next((o for o in self.objectives.values() if o.alignment_title), None)
 
     def _pair_maker(self) -> Objective:
         makers = [o for o in self.objectives.values() if hasattr(o, "make_pairs")]

@@ -2,9 +2,11 @@
 down for matched pairs and pushed up for mismatched ones. Rides on the ITM pass."""
 from __future__ import annotations
 
+from torch import Tensor
+
 from vlkit.models.base import VLModel
 from vlkit.objectives.base import IncompatibleObjective, Objective, PassContext
-from vlkit.objectives.ot import wra_distance, wra_loss
+from vlkit.objectives.ot import cosine_cost, ipot, wra_distance, wra_loss
 from vlkit.registry import register_objective
 from vlkit.types import LossOutput, VLBatch, VLOutput
 
@@ -15,6 +17,9 @@ class WordRegionAlignment(Objective):
 
     name = "wra"
     view = "pairs"
+    has_head = False
+    alignment_title = "WRA transport plan"
+    alignment_unit = "transported mass"
 
     def __init__(self, model: VLModel, beta: float = 0.5, iterations: int = 50, k: int = 1):
         super().__init__(model)
@@ -29,6 +34,12 @@ class WordRegionAlignment(Objective):
     def distance(self, out: VLOutput):
         return wra_distance(out.text_states, out.text_mask, out.region_states, out.region_mask,
                             self.beta, self.iterations, self.k)
+
+    def alignment(self, out: VLOutput) -> Tensor:
+        """The IPOT transport plan [B, T, K] between the words and the regions of ``out`` (cosine cost)."""
+        cost = cosine_cost(out.text_states.float(), out.region_states.float())
+        _, plan = ipot(cost, out.text_mask.bool(), out.region_mask.bool())
+        return plan
 
     def forward(self, out: VLOutput, batch: VLBatch, ctx: PassContext) -> LossOutput:
         if ctx.itm_match is None:

@@ -33,14 +33,14 @@ from torch import Tensor, nn
 
 from vlkit.models.base import VLModel
 from vlkit.models.layers import masked_mean
-from vlkit.registry import HEADS, MODELS, register_task
+from vlkit.registry import HEADS, MODELS, OBJECTIVES, register_task
 from vlkit.tasks.base import Task, TaskData, eval_batches, world_needed
 from vlkit.tasks.metrics import RETRIEVAL_TIES, recall_at_k
 from vlkit.types import Encoded, LossOutput, VLBatch, VLOutput
 
 RECIPES = ("multiple_choice", "hard_negatives", "softmax")
 MODES = ("full", "cached", "rerank")
-SCORERS = ("rank", "itm")
+RANK = "rank"  # the scorer of a fine-tuned retrieval head; any other scorer names an objective that offers one
 
 __all__ = ["MODES", "RECIPES", "Retrieval", "RetrievalSet", "image_similarity", "recall"]
 
@@ -263,9 +263,10 @@ class Retrieval(Task):
     is initialised from the ITM head's "matched" row when ``itm`` is given and the head says so (UNITER
     ``init_output``, METER ``itm_score.fc.weight[1:]``; ``init_from_itm`` overrides).
 
-    ``model`` may be a `vlkit.objectives.Pretraining`: its model and ``objectives["itm"]`` (if any) are used.
-    ``scorer="itm"`` scores pairs with the ITM head's P(matched) (zero-shot), ``"rank"`` with the
-    fine-tuned head. ``prerank_data`` (a training `RetrievalSet`) is what `fit_prerank` learns from when
+    ``model`` may be a `vlkit.objectives.Pretraining`: its model and the objective of its mix that offers a
+    matching score (`Objective.offers_scorer`: ITM), if any, are used. ``scorer="rank"`` scores pairs with
+    the fine-tuned head; the name of that objective (``"itm"``: the ITM head's P(matched)) scores them with
+    it (zero-shot). ``prerank_data`` (a training `RetrievalSet`) is what `fit_prerank` learns from when
     a ``rerank`` evaluation needs it. ``task_id``: the model's task input (ViLBERT's task token; default
     its Flickr30k id, 7 for COCO). ``ties``: how `evaluate` ranks equal scores; ``uniter_ir_rows``: count IR
     hits as UNITER's ``itm_eval`` does (`vlkit.tasks.metrics.recall_at_k`).
@@ -274,7 +275,7 @@ class Retrieval(Task):
     name = "retrieval"
     from_pretraining = True
 
-    def __init__(self, model: Any, recipe: str | None = None, scorer: str = "rank", itm: Any = None,
+    def __init__(self, model: Any, recipe: str | None = None, scorer: str = RANK, itm: Any = None,
                  init_from_itm: bool | None = None, margin: float = 0.2, negative_size: int = 399,
                  hard_size: int = 31, num_negatives: int = 15, itm_weight: float | None = None,
                  eval_mode: str = "cached", rerank_k: int = 64, prerank_ridge: float = 1.0,
@@ -285,8 +286,8 @@ class Retrieval(Task):
         if isinstance(model, Pretraining):
             # a mix without ITM (e.g. MLM alone): the rank head starts fresh, as the official code does
             # when the checkpoint holds no ITM weights to copy
-            if itm is None and "itm" in model.objectives:
-                itm = model.objectives["itm"]
+            if itm is None:
+                itm = model.scorer()
             model = model.model
         if not isinstance(model, VLModel):
             raise TypeError(f"retrieval: expected a VLModel or a Pretraining module, got {type(model).__name__}")
@@ -294,12 +295,13 @@ class Retrieval(Task):
         head_cls = self.head_class(head)
         source = head_cls if recipe is None else HEADS.get("retrieval", recipe) if recipe in MODELS else None
         recipe = source.recipe if source is not None else recipe
-        if recipe not in RECIPES or scorer not in SCORERS or eval_mode not in MODES:
-            raise ValueError(f"retrieval: recipe must be one of {RECIPES} (or a family), scorer one of {SCORERS}, "
+        scorers = (RANK, *[n for n in OBJECTIVES.names() if OBJECTIVES.get(n).offers_scorer])
+        if recipe not in RECIPES or scorer not in scorers or eval_mode not in MODES:
+            raise ValueError(f"retrieval: recipe must be one of {RECIPES} (or a family), scorer one of {scorers}, "
                              f"eval_mode one of {MODES}; got {recipe!r}, {scorer!r}, {eval_mode!r}")
-        if scorer == "itm" and itm is None:
-            raise ValueError("retrieval: scorer='itm' (zero-shot) needs the pre-training ITM head: build the task "
-                             "from a Pretraining module or pass itm=build_objective('itm', model)")
+        if scorer != RANK and (itm is None or itm.name != scorer):
+            raise ValueError(f"retrieval: scorer={scorer!r} (zero-shot) needs the pre-training {scorer} head: build "
+                             f"the task from a Pretraining module or pass itm=build_objective({scorer!r}, model)")
         frozen_itm = source.frozen_itm_weight if source is not None and itm is not None else 0.0
         self.itm_weight = frozen_itm if itm_weight is None else itm_weight
         if self.itm_weight > 0 and itm is None:
@@ -321,6 +323,16 @@ class Retrieval(Task):
         for name in ("prerank_w", "prerank_image_mean", "prerank_text_mean"):
             self.register_buffer(name, None, persistent=False)
 
+    @classmethod
+    def zero_shot(cls, pre: Any, **options: Any) -> "Retrieval":
+        """Zero-shot retrieval of a `Pretraining`: pairs scored by the objective of its mix that offers a
+        matching score (`Objective.offers_scorer`: ITM)."""
+        scorer = pre.scorer()
+        if scorer is None:
+            raise ValueError("retrieval: zero-shot needs an objective that offers a matching score (ITM) in the "
+                             f"pre-training mix; it has {', '.join(pre.objectives)}")
+        return cls(pre, scorer=scorer.name, **options)
+
     def init_from_itm(self) -> None:
         """Copy the ITM head's "matched" row into the rank head (UNITER ``init_output``)."""
         fc, k = self.itm.itm_head.fc, self.itm.match_index
@@ -331,7 +343,7 @@ class Retrieval(Task):
     # -- scoring ---------------------------------------------------------------------------------
     def score(self, out: VLOutput) -> Tensor:
         """Matching score [B] of each fused pair (higher = better match)."""
-        if self.scorer == "itm":
+        if self.scorer != RANK:
             return self.itm.match_score(out)
         return self.task_head(out)
 

@@ -118,6 +118,7 @@ def evaluate(cfg, overrides: Sequence[str] | None = None) -> int:
     (`vlkit.tasks.predictions`); metrics are computed too when the split has labels.
     """
     from vlkit.io import atomic_write_text, load_weights
+    from vlkit.registry import TASKS
     from vlkit.tasks import build_task
     from vlkit.train.preflight import Preflight, read_init
 
@@ -157,7 +158,7 @@ def evaluate(cfg, overrides: Sequence[str] | None = None) -> int:
         task = build_task(info["task"], model, **{**info["options"], **eval_options})
         load_weights(task, directory / pipeline.TASK_WEIGHTS)
     else:
-        task = build_task("retrieval", pipeline.load_pretraining(directory), scorer="itm", **eval_options)
+        task = TASKS.get("retrieval").zero_shot(pipeline.load_pretraining(directory), **eval_options)
     data = type(task).build_data(task_cfg, env.tokenizer, env.image_source, env.world)
     check = Preflight()
     check.check_tokenizer(env.tokenizer, env.data["tokenizer"], task, directory)

@@ -202,9 +202,9 @@ def rebuild_pretraining(model: VLModel, recorded: Mapping[str, Any]):
 def _fit_tokenizers(pre, dataset, samples: int = 256) -> None:
     """Fit data-dependent objective parts (MIM's k-means codebook) on the first training images."""
     for objective in pre.objectives.values():
-        if getattr(objective, "needs_fit", False):
+        if objective.needs_fit:
             if dataset is None:  # loading saved weights: the codebook comes from the checkpoint
-                objective.tokenizer.fitted.fill_(True)
+                objective.fitted_from_checkpoint()
                 continue
             if isinstance(dataset, torch.utils.data.IterableDataset):  # a stream: its first examples
                 import itertools

@@ -81,18 +81,6 @@ def read_init(init: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     raise DataError(f"init={init} is neither a vlkit run (no model/{CONFIG_NAME}) nor a saved model (no {CONFIG_NAME})")
 
 
-def mix_objectives(mix: Any) -> list[str]:
-    """The objective names of a mix (companions such as WRA included)."""
-    from vlkit.objectives.mix import load_mix
-    from vlkit.registry import OBJECTIVES
-
-    names = []
-    for name, options in load_mix(mix)["objectives"].items():
-        names.append(name)
-        names += [k for k in (options or {}) if k in OBJECTIVES.names()]
-    return names
-
-
 class Preflight:
     """Collects the problems of a run before step 1 (see the module docstring); `finish` reports them."""
 
@@ -184,6 +172,7 @@ class Preflight:
     # -- the objective mix ---------------------------------------------------------------------------
     def check_mix(self, model: Any, mix: Any, image_source: Any = None) -> None:
         from vlkit.objectives.base import IncompatibleObjective
+        from vlkit.objectives.mix import mix_objectives
         from vlkit.registry import OBJECTIVES, UnknownNameError
 
         model = _unwrap(model)
@@ -432,4 +421,4 @@ def _store_of(source: Any) -> Any:
     return getattr(inner, "store", None)
 
 
-__all__ = ["Preflight", "PreflightError", "PREFLIGHT_FILE", "read_init", "mix_objectives"]
+__all__ = ["Preflight", "PreflightError", "PREFLIGHT_FILE", "read_init"]
