@@ -43,7 +43,7 @@ TRAINING = {"vilbert": dict(steps=600, lr=2e-4), "uniter": dict(steps=600, lr=3e
 
 def image_sources(world, eval_ids: list[str], train_ids: list[str]) -> dict:
     """Region features of the shapes detector (extracted once, resumable) and a 64-px pixel source."""
-    from vlkit.data.pairs import PixelSource, RegionSource, build_transform
+    from vlkit.data.images import PixelSource, RegionSource, build_transform
     from vlkit.features.detector import extract_features
 
     store = CACHE / f"shapes-s{WORLD_SEED}-n{WORLD_IMAGES}.h5"

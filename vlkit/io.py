@@ -20,7 +20,7 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Iterator, Mapping, Sequence
 
 # (module, name) pairs a pickle may reference: numpy array reconstruction and builtin containers.
 _SAFE_GLOBALS = {
@@ -84,13 +84,15 @@ def safe_pickle_load(path_or_bytes: str | os.PathLike | bytes, source: str | Non
         raise pickle.UnpicklingError(f"{source}: not a readable pickle ({type(err).__name__}: {err})") from err
 
 
-def torch_load_weights(path: str | os.PathLike) -> Any:
-    """``torch.load(path, weights_only=True)`` on the CPU; a file that holds code or is corrupt raises
-    `UnreadableFileError` naming it (no pickled code ever runs)."""
+def torch_load_weights(path: str | os.PathLike, allowed_globals: Sequence[Any] = ()) -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU, ``allowed_globals`` (``torch.serialization.safe_globals``
+    entries) loadable besides tensors and plain containers; a file that holds code or is corrupt raises
+    `UnreadableFileError` naming it, the loader's own error as its cause (no pickled code ever runs)."""
     import torch
 
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals(list(allowed_globals)):
+            return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise
     except Exception as err:  # noqa: BLE001 - torch raises many kinds on a bad file
@@ -349,3 +351,12 @@ def config_dir() -> Path:
         if (candidate / "pretrain.yaml").is_file():
             return candidate
     raise FileNotFoundError(f"vlkit's configs are missing (looked in {package / 'conf'} and {package.parent / 'conf'})")
+
+
+def store_configs(group: str, nodes: Mapping[str, Any]) -> None:
+    """Store ``nodes`` (name -> config node) in Hydra's ConfigStore under ``group`` (``model=<name>``)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    for name, node in nodes.items():
+        store.store(group=group, name=name, node=node)

@@ -23,7 +23,7 @@ _BUILTIN_MODULES = {
     "encoder": ["vlkit.models.encoders"],
     "objective": ["vlkit.objectives"],
     "task": ["vlkit.tasks.vqa", "vlkit.tasks.retrieval", "vlkit.tasks.nlvr2", "vlkit.tasks.refexp", "vlkit.tasks.snli_ve"],
-    "dataset": ["vlkit.data"],
+    "dataset": ["vlkit.data.datasets", "vlkit.data.stream"],
     "executor": ["vlkit.compare.executors"],
     "converter": ["vlkit.convert.vilbert", "vlkit.convert.uniter", "vlkit.convert.meter"],
 }

@@ -7,7 +7,8 @@ import torch
 
 from official_fixtures import close, fixture_path, meta
 from vlkit.convert import from_official
-from vlkit.data.pairs import RegionSource, VLCollator
+from vlkit.data.collate import VLCollator
+from vlkit.data.images import RegionSource
 from vlkit.objectives.base import PassContext
 from vlkit.objectives.itm import swap_images
 

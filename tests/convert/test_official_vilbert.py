@@ -7,7 +7,9 @@ import torch
 
 from official_fixtures import IdTokenizer, close, fixture_path, ids_text, meta
 from vlkit.convert import from_official
-from vlkit.data.pairs import ImageTextPairs, RegionSource, VLCollator
+from vlkit.data.collate import VLCollator
+from vlkit.data.images import RegionSource
+from vlkit.data.pairs import ImageTextPairs
 from vlkit.objectives.base import PassContext
 
 MAX_REGION_NUM = 8  # the fixture's max_region_num: [IMG] + 7 regions

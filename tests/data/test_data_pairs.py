@@ -123,7 +123,7 @@ def test_folder_images_and_pixel_source(tmp_path):
     (tmp_path / "imgs" / "sub").mkdir(parents=True)
     Image.new("RGB", (40, 30), (255, 0, 0)).save(tmp_path / "imgs" / "a.png")
     Image.new("RGB", (20, 50), (0, 0, 255)).save(tmp_path / "imgs" / "sub" / "b.jpg")
-    from vlkit.data.pairs import build_transform
+    from vlkit.data.images import build_transform
 
     src = PixelSource(FolderImages(tmp_path / "imgs"), build_transform(32), patch_size=8)
     out = src("b")["pixel_values"]
@@ -227,7 +227,7 @@ def test_dataloader_with_dynamic_batches(store_path):
 
 
 def test_cached_source_loads_each_image_once_and_hands_out_copies(store_path):
-    from vlkit.data.pairs import build_image_source
+    from vlkit.data.images import build_image_source
 
     source = build_image_source({"source": "features", "path": str(store_path), "num_bb": 4, "cache": True})
     image_id = source.store.ids()[0]

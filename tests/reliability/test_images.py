@@ -121,7 +121,7 @@ def test_skip_policy_records_every_bad_image_and_keeps_the_good(tmp_path, shapes
 
 
 def test_image_folder_source_decodes_upright_and_names_bad_files(tmp_path):
-    from vlkit.data.pairs import FolderImages
+    from vlkit.data.images import FolderImages
 
     exif = Image.Exif()
     exif[0x0112] = 8

@@ -38,7 +38,7 @@ def test_extract_features_reads_subfolders_and_counts_every_file_it_does_not_rea
 
 
 def test_the_pixel_folder_source_reads_what_extraction_reads(tmp_path, caplog):
-    from vlkit.data.pairs import FolderImages
+    from vlkit.data.images import FolderImages
 
     images = FolderImages(_folder(tmp_path))
     with caplog.at_level(logging.WARNING):

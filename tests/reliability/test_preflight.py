@@ -9,7 +9,10 @@ import pytest
 import torch
 from reliability_helpers import FEAT, captions, jsonl_data, raw_store, regions, run_args
 
-from vlkit.data.pairs import ImageTextPairs, VLCollator, build_image_source, build_tokenizer
+from vlkit.data.collate import VLCollator
+from vlkit.data.images import build_image_source
+from vlkit.data.pairs import ImageTextPairs
+from vlkit.data.tokenizers import build_tokenizer
 from vlkit.validate import DataError, SkipLog
 
 

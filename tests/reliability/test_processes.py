@@ -43,7 +43,9 @@ def test_fit_releases_the_prepared_model_so_the_process_group_can_end(tmp_path, 
     wrapper, ``destroy_process_group`` cannot end the group and it is torn down at interpreter exit instead,
     where it aborts now and then. After `Trainer.fit` neither holds it, and evaluation still works."""
     import vlkit
-    from vlkit.data.pairs import ImageTextPairs, build_image_source, build_tokenizer
+    from vlkit.data.images import build_image_source
+    from vlkit.data.pairs import ImageTextPairs
+    from vlkit.data.tokenizers import build_tokenizer
     from vlkit.objectives import build_pretraining
     from vlkit.train import Trainer, TrainerConfig
 

@@ -8,7 +8,9 @@ import pytest
 from reliability_helpers import captions
 
 from vlkit.data.formats import FormatError, read_caption_jsonl, read_karpathy
-from vlkit.data.pairs import ImageTextPairs, build_image_source, build_tokenizer
+from vlkit.data.images import build_image_source
+from vlkit.data.pairs import ImageTextPairs
+from vlkit.data.tokenizers import build_tokenizer
 from vlkit.validate import DataError, SkipLog
 
 

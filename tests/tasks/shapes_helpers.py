@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import vlkit
-from vlkit.data.pairs import PixelSource, RegionSource, build_transform
+from vlkit.data.images import PixelSource, RegionSource, build_transform
 from vlkit.data.shapes import ShapesWorld, shapes_tokenizer
 from vlkit.features.store import FeatureStoreWriter
 

@@ -12,11 +12,11 @@ from safetensors.torch import load_model, save_model
 
 from shapes_helpers import (first_batch, region_store, shapes_cfg, shapes_data_getter, tiny_model, train_steps,
                             world_store)
-from vlkit.data.pairs import RegionSource
+from vlkit.data.images import RegionSource
 from vlkit.data.shapes import ShapesWorld, write_shapes
 from vlkit.models.base import from_pretrained
 from vlkit.tasks.nlvr2 import NLVR2Task, PairCollator, extend_image_token_types, split_pairs
-from vlkit.train.distributed import build_train_loader
+from vlkit.train.distributed import LoaderConfig, build_train_loader
 
 HEADS = [("vilbert", "pair"), ("uniter", "pair"), ("uniter", "pair_biattn"), ("meter", "pair")]
 
@@ -104,8 +104,8 @@ def test_shapes_source_matches_the_written_files(tok, tmp_path):
 @pytest.mark.parametrize("batching", ["units", "fixed"])
 def test_samplers_never_split_a_pair(batching, shapes_data):
     data = shapes_data("uniter").train
-    loader = build_train_loader(data, batching, batch_size=5, max_units=600, size_multiple=3, drop_last=False,
-                                lengths=data.lengths() if batching == "units" else None)
+    config = LoaderConfig(batching, batch_size=5, max_units=600, size_multiple=3, drop_last=False)
+    loader = build_train_loader(data, config, lengths=data.lengths() if batching == "units" else None)
     seen = 0
     for k, batch in enumerate(loader):
         left, right = split_pairs(batch)  # raises if a pair was split

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from shapes_helpers import region_store, tiny_model, world_store
-from vlkit.data.pairs import RegionSource
+from vlkit.data.images import RegionSource
 from vlkit.data.shapes import ShapesWorld, write_shapes
 from vlkit.data.shapes.writer import FILES
 from vlkit.tasks.nlvr2 import NLVR2Task

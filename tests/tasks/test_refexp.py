@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 
 import vlkit
 from vlkit.cli import CONF_DIR
-from vlkit.data.pairs import ImageTextPairs, RegionSource
+from vlkit.data.images import RegionSource
+from vlkit.data.pairs import ImageTextPairs
 from vlkit.data.shapes import COLORS, KINDS, SIZES, ShapesWorld, shapes_tokenizer, write_shapes
 from vlkit.features.store import FeatureStoreWriter
 from vlkit.tasks.refexp import IncompatibleTask, RefExp, region_ious

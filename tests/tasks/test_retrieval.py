@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 import vlkit
-from vlkit.data.pairs import PixelSource, build_transform
+from vlkit.data.images import PixelSource, build_transform
 from vlkit.cli import CONF_DIR
 from vlkit.data.shapes import COLORS, KINDS, SIZES, ShapesWorld, write_shapes
 from vlkit.objectives import build_objective, build_pretraining

@@ -13,7 +13,7 @@ from torch import nn
 from shapes_helpers import (FAMILIES, first_batch, region_store, shapes_cfg, shapes_data_getter, tiny_model,
                             train_steps, world_store)
 from vlkit.data.formats import VE_LABELS, FormatError
-from vlkit.data.pairs import RegionSource
+from vlkit.data.images import RegionSource
 from vlkit.data.shapes import ShapesWorld, write_shapes
 from vlkit.tasks.snli_ve import SNLIVETask
 

@@ -15,7 +15,7 @@ from torch import nn
 import vlkit
 from shapes_helpers import (FAMILIES, first_batch, region_store, shapes_cfg, shapes_data_getter, tiny_model,
                             train_steps, world_store)
-from vlkit.data.pairs import RegionSource
+from vlkit.data.images import RegionSource
 from vlkit.data.shapes import ShapesWorld, write_shapes
 from vlkit.tasks.vqa import (HeadTask, VQATask, answer_vocabulary, classification_loss, shapes_vqa_records,
                              soft_scores)

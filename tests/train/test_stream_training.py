@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from vlkit.data.pairs import RegionSource
+from vlkit.data.images import RegionSource
 from vlkit.data.shapes import ShapesWorld, shapes_tokenizer
 from vlkit.data.shards import shapes_records, write_shards
 from vlkit.data.stream import StreamedPairs

@@ -110,20 +110,22 @@ def _refusal(err: Exception) -> str:
 
 
 def _torch_load(path: Path) -> Any:
-    """``torch.load(weights_only=True)``: tensors and plain containers only; a pickled class or function is
-    refused with the name of the global the file asks for."""
+    """``torch.load(weights_only=True)`` (`vlkit.io.torch_load_weights`): tensors and plain containers only; a
+    pickled class or function is refused with the name of the global the file asks for."""
+    from vlkit.io import UnreadableFileError, torch_load_weights
+
     try:
-        with torch.serialization.safe_globals(CONFIG_CONTAINERS):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
+        return torch_load_weights(path, CONFIG_CONTAINERS)
+    except (UnreadableFileError, OSError) as failure:
+        err = failure.__cause__ if isinstance(failure, UnreadableFileError) else failure
+    if isinstance(err, pickle.UnpicklingError):
         raise ConversionError(
             f"{path}: refused: {_refusal(err)}; vlkit reads checkpoints with torch.load(weights_only=True) and never "
             "runs pickled code (re-save the state dict as safetensors in an environment you trust)") from None
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
-        detail = next(iter(str(err).splitlines()), "")[:200] or type(err).__name__
-        known = known_file(path.name)
-        again = f"; download it again from {known.source}" if known else ""
-        raise ConversionError(f"{path}: not a readable torch checkpoint, truncated or not a checkpoint ({detail}){again}") from None
+    detail = next(iter(str(err).splitlines()), "")[:200] or type(err).__name__
+    known = known_file(path.name)
+    again = f"; download it again from {known.source}" if known else ""
+    raise ConversionError(f"{path}: not a readable torch checkpoint, truncated or not a checkpoint ({detail}){again}") from None
 
 
 def read_official(source: str | os.PathLike | Mapping[str, Any]) -> tuple[dict[str, Tensor], dict[str, Any], str]:

@@ -2,8 +2,9 @@
 and dynamic batching. Importing this package registers the built-in datasets in `DATASETS`."""
 from vlkit.data.batching import FixedSizeBatchSampler, TokenBucketSampler, padded_units, padding_fraction
 from vlkit.data.formats import FormatError
-from vlkit.data.pairs import (FolderImages, ImageTextPairs, PixelSource, RegionSource, VLCollator,
-                              build_image_source, build_pairs)
+from vlkit.data.collate import VLCollator
+from vlkit.data.images import FolderImages, PixelSource, RegionSource, build_image_source
+from vlkit.data.pairs import ImageTextPairs, build_pairs
 from vlkit.data.shapes import ShapesWorld, shapes_tokenizer, write_shapes
 from vlkit.data.stream import StreamedPairs
 from vlkit.data.tokenizers import TokenizerError, build_tokenizer

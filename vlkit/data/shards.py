@@ -138,7 +138,7 @@ def shapes_png(world: Any) -> Callable[[str], bytes]:
 
 
 def _folder_bytes(folder: str | os.PathLike) -> Callable[[str], bytes]:
-    from vlkit.data.pairs import FolderImages
+    from vlkit.data.images import FolderImages
 
     images = FolderImages(folder)
     images.ids()

@@ -31,7 +31,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from vlkit.data.pairs import IMAGE_ERRORS, VLCollator, _to_tensor, build_image_source
+from vlkit.data.collate import VLCollator
+from vlkit.data.images import IMAGE_ERRORS, _to_tensor, build_image_source
 from vlkit.data.shards import ShardError, open_parquet, read_manifest
 from vlkit.data.tokenizers import build_tokenizer
 from vlkit.registry import register_dataset

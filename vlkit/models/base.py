@@ -392,10 +392,8 @@ def register_hydra_configs() -> None:
     """Store every registered family (plugins included) in Hydra's ConfigStore: ``model/<family>``
     (``model=uniter``) and ``model/<family>_<preset>`` (``model=uniter_base``), both derived from the
     family's config dataclass (`hydra_node`)."""
-    from hydra.core.config_store import ConfigStore
+    from vlkit.io import store_configs
 
-    store = ConfigStore.instance()
     for name in MODELS.names():
-        store.store(group="model", name=name, node=hydra_node(name))
-        for preset in MODELS.get(name).config_class.presets:
-            store.store(group="model", name=f"{name}_{preset}", node=hydra_node(name, preset))
+        store_configs("model", {name: hydra_node(name), **{f"{name}_{preset}": hydra_node(name, preset)
+                                                          for preset in MODELS.get(name).config_class.presets}})

@@ -164,5 +164,18 @@ def masked_rows(mask: Tensor, rows: Tensor | None) -> Tensor:
     return mask if rows is None else mask & rows.view(-1, 1)
 
 
-def accuracy(logits: Tensor, target: Tensor) -> Tensor:
-    return (logits.argmax(-1) == target).float().mean() if target.numel() else logits.new_zeros(())
+def accuracy(logits_or_preds: Tensor, labels: Tensor, ignore_index: int = -100, empty: float = float("nan")) -> Tensor:
+    """Classification accuracy (0-dim tensor): arg-max of logits [..., C] or class ids [...] vs labels [...]
+    (the objectives' metrics and the tasks' exact ones, `vlkit.tasks.metrics`).
+
+    Positions labelled ``ignore_index`` are skipped; ``empty`` (NaN; the objectives log 0) when none is left.
+    """
+    preds = logits_or_preds
+    if preds.is_floating_point() and preds.dim() == labels.dim() + 1:
+        preds = preds.argmax(-1)
+    if preds.shape != labels.shape:
+        raise ValueError(f"accuracy: predictions {tuple(preds.shape)} do not match labels {tuple(labels.shape)}")
+    valid = labels != ignore_index
+    if not bool(valid.any()):
+        return preds.new_full((), empty, dtype=torch.float)
+    return ((preds == labels) & valid).sum().float() / valid.sum()

@@ -124,4 +124,4 @@ class ImageTextMatching(Objective):
         logits = self.logits(out)
         target = torch.where(ctx.itm_match, self.match_index, 1 - self.match_index).long()
         return LossOutput(F.cross_entropy(logits, target),
-                          {"acc": accuracy(logits, target), "pos_frac": ctx.itm_match.float().mean()})
+                          {"acc": accuracy(logits, target, empty=0.0), "pos_frac": ctx.itm_match.float().mean()})

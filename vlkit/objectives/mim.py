@@ -211,4 +211,5 @@ class MaskedImageModeling(Objective):
         else:
             logits = self.decoder(predicted)
             target = self.tokenizer.encode(original, self.patch_size)[masked]
-        return LossOutput(F.cross_entropy(logits, target), {"acc": accuracy(logits, target), "n_masked": float(target.numel())})
+        return LossOutput(F.cross_entropy(logits, target), {"acc": accuracy(logits, target, empty=0.0),
+                                                            "n_masked": float(target.numel())})

@@ -62,4 +62,4 @@ class MaskedLanguageModeling(Objective):
         logits = self.predictions(out.text_states[targets])
         gold = labels[targets]
         loss = F.cross_entropy(logits, gold) if gold.numel() else out.text_states.sum() * 0.0
-        return LossOutput(loss, {"acc": accuracy(logits, gold), "n_masked": float(gold.numel())})
+        return LossOutput(loss, {"acc": accuracy(logits, gold, empty=0.0), "n_masked": float(gold.numel())})

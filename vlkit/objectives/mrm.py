@@ -130,7 +130,7 @@ class MaskedRegionClassification(_RegionClassification):
         if not target.numel():
             return LossOutput(logits.sum() * 0.0, {"acc": 0.0, "n_masked": 0.0})
         loss = F.cross_entropy(logits, target)
-        return LossOutput(loss, {"acc": accuracy(logits, target), "n_masked": float(target.numel())})
+        return LossOutput(loss, {"acc": accuracy(logits, target, empty=0.0), "n_masked": float(target.numel())})
 
 
 @register_objective("mrc_kl")
@@ -148,4 +148,4 @@ class MaskedRegionClassificationKL(_RegionClassification):
             return LossOutput(logits.sum() * 0.0, {"acc": 0.0, "n_masked": 0.0})
         kl = F.kl_div(F.log_softmax(logits, dim=-1), soft.to(logits.dtype), reduction="sum")
         loss = kl / (soft.numel() if self.reduction == "mean" else soft.shape[0])
-        return LossOutput(loss, {"acc": accuracy(logits, soft.argmax(-1)), "n_masked": float(soft.shape[0])})
+        return LossOutput(loss, {"acc": accuracy(logits, soft.argmax(-1), empty=0.0), "n_masked": float(soft.shape[0])})

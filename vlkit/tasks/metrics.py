@@ -15,6 +15,8 @@ from typing import Hashable, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from vlkit.objectives.base import accuracy
+
 __all__ = [
     "IOU_BOXES", "IOU_COMPARISONS", "META_SUM_KEYS", "REFEXP_OFFICIAL", "RETRIEVAL_TIES", "VQA_RULES",
     "accuracy", "mean_by", "meta_sum", "nlvr2_consistency", "nlvr2_sentence", "normalize_answer",
@@ -304,20 +306,6 @@ def refexp_accuracy(pred_boxes: Tensor, gt_boxes: Tensor, iou_threshold: float =
     if len(pred_boxes) == 0:
         raise ValueError("refexp_accuracy: no boxes")
     return refexp_hits(refexp_iou(pred_boxes, gt_boxes, boxes), iou_threshold, comparison).double().mean().item()
-
-
-def accuracy(logits_or_preds: Tensor, labels: Tensor, ignore_index: int = -100) -> Tensor:
-    """Classification accuracy (0-dim tensor): arg-max of logits [..., C] or class ids [...] vs labels [...].
-
-    Positions labelled ``ignore_index`` are skipped; NaN when none is left.
-    """
-    preds = logits_or_preds
-    if preds.is_floating_point() and preds.dim() == labels.dim() + 1:
-        preds = preds.argmax(-1)
-    if preds.shape != labels.shape:
-        raise ValueError(f"accuracy: predictions {tuple(preds.shape)} do not match labels {tuple(labels.shape)}")
-    valid = labels != ignore_index
-    return ((preds == labels) & valid).sum().float() / valid.sum()
 
 
 def nlvr2_sentence(identifier: str) -> str:

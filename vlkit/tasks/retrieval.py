@@ -56,7 +56,7 @@ class RetrievalSet:
     def __init__(self, image_ids: Sequence[str], captions: Sequence[str], txt2img: Sequence[int], tokenizer: Any,
                  image_source: Any, max_len: int = 62, caption_ids: Sequence[str] | None = None,
                  cache_images: bool = True):
-        from vlkit.data.pairs import VLCollator
+        from vlkit.data.collate import VLCollator
 
         self.image_ids = [str(i) for i in image_ids]
         self.captions = list(captions)
@@ -579,11 +579,12 @@ class Retrieval(Task):
         images as ``options["prerank_data"]``. ``cfg.source``: ``shapes`` (``world``) or ``files``
         (``cfg.path``: a Karpathy json such as ``dataset_flickr30k.json``)."""
         from vlkit.data import formats
+        from vlkit.data.datasets import split_list
         from vlkit.data.pairs import ImageTextPairs
 
         max_len = int(cfg.get("max_len", 40))
-        train_splits = _split_list(cfg.get("train_split", "train"))
-        eval_splits = _split_list(cfg.get("eval_splits", ["val", "test"]))
+        train_splits = split_list(cfg.get("train_split", "train"))
+        eval_splits = split_list(cfg.get("eval_splits", ["val", "test"]))
         source = cfg.get("source", "shapes")
         if source == "shapes":
             if world is None:
@@ -619,5 +620,3 @@ def _caption_ids(rec: Mapping[str, Any]) -> list[str]:
     return [str(c) for c in rec.get("caption_ids") or [f"{rec['image_id']}#{k}" for k in range(len(rec["captions"]))]]
 
 
-def _split_list(value: Any) -> list[str]:
-    return [value] if isinstance(value, str) else [str(v) for v in value]

@@ -3,7 +3,7 @@
 transformers (for the schedules) loads only when a scheduler is built.
 """
 from vlkit.train.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint
-from vlkit.train.distributed import batch_units, build_train_loader, shard_batch
+from vlkit.train.distributed import LoaderConfig, batch_units, build_train_loader, shard_batch
 from vlkit.train.logging import progress, read_jsonl
 from vlkit.train.optim import NO_DECAY, HFAdamW, build_optimizer, build_scheduler, param_groups, warmup_steps
 from vlkit.train.trainer import (NonFiniteLossError, Trainer, TrainerConfig, TrainResult, preserved_rng, read_metrics,
@@ -11,7 +11,7 @@ from vlkit.train.trainer import (NonFiniteLossError, Trainer, TrainerConfig, Tra
 
 __all__ = [
     "CheckpointError", "latest_checkpoint", "list_checkpoints", "load_checkpoint",
-    "batch_units", "build_train_loader", "shard_batch", "progress", "read_jsonl",
+    "LoaderConfig", "batch_units", "build_train_loader", "shard_batch", "progress", "read_jsonl",
     "NO_DECAY", "HFAdamW", "build_optimizer", "build_scheduler", "param_groups", "warmup_steps",
     "trainer_presets", "NonFiniteLossError", "Trainer", "TrainerConfig", "TrainResult", "preserved_rng",
     "read_metrics", "register_hydra_configs", "trainer_config",

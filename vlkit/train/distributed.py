@@ -2,6 +2,7 @@
 its own batches from a sharded sampler; and the training loader (dynamic or fixed-size batches)."""
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Sequence
 
 from torch.utils.data import DataLoader, Dataset
@@ -28,21 +29,43 @@ def shard_batch(batch: VLBatch, rank: int, world_size: int) -> VLBatch:
     return batch.index(range(rank * part, (rank + 1) * part))
 
 
-def build_train_loader(dataset: Dataset, batching: str = "fixed", batch_size: int = 32, max_units: int = 10240,
-                       bucket_size: int = 8192, size_multiple: int = 8, drop_last: bool = True, seed: int = 0,
-                       num_workers: int = 0, collate_fn: Callable | None = None,
-                       lengths: Sequence[Any] | None = None, num_replicas: int = 1, rank: int = 0,
-                       group_by_length: int = 0) -> DataLoader:
-    """A shuffling `DataLoader` of `VLBatch` whose order depends only on ``seed`` and the epoch.
+@dataclass(frozen=True)
+class LoaderConfig:
+    """How a training loader batches (the `TrainerConfig` fields of the same names): ``batching="units"``
+    packs examples by input units within ``max_units`` padded units (``bucket_size``, ``size_multiple``),
+    UNITER's token buckets; ``"fixed"`` gives ``batch_size`` examples per batch (``group_by_length``: batches
+    of similar text length, see `FixedSizeBatchSampler`)."""
 
-    ``batching="units"`` packs examples by input units (tokens + regions/patches, ``lengths`` or
-    ``dataset.lengths()``) within ``max_units`` padded units, UNITER's token buckets;
-    ``"fixed"`` gives ``batch_size`` examples per batch (``group_by_length``: batches of similar text
-    length, see `FixedSizeBatchSampler`). ``collate_fn`` defaults to
+    batching: str = "fixed"
+    batch_size: int = 32
+    max_units: int = 10240
+    bucket_size: int = 8192
+    size_multiple: int = 8
+    drop_last: bool = True
+    seed: int = 0
+    num_workers: int = 0
+    group_by_length: int = 0
+
+    @classmethod
+    def of(cls, cfg: Any) -> "LoaderConfig":
+        """The loader fields of ``cfg`` (a `TrainerConfig`)."""
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
+
+
+def build_train_loader(dataset: Dataset, config: LoaderConfig = LoaderConfig(), collate_fn: Callable | None = None,
+                       lengths: Sequence[Any] | None = None, num_replicas: int = 1, rank: int = 0) -> DataLoader:
+    """A shuffling `DataLoader` of `VLBatch` batched as ``config`` says, whose order depends only on
+    ``config.seed`` and the epoch.
+
+    Input units come from ``lengths`` or ``dataset.lengths()``. ``collate_fn`` defaults to
     ``dataset.collator()``. With ``num_replicas > 1`` each rank gets its own batches. A streamed dataset
     (an `IterableDataset` such as `vlkit.data.stream.StreamedPairs`) gets fixed-size batches, its rank and
     the seed; it splits its shards over ranks and workers and shuffles itself.
     """
+    c = config
+    batching, batch_size, max_units, bucket_size = c.batching, c.batch_size, c.max_units, c.bucket_size
+    size_multiple, drop_last, seed, num_workers, group_by_length = (c.size_multiple, c.drop_last, c.seed,
+                                                                     c.num_workers, c.group_by_length)
     from torch.utils.data import IterableDataset
 
     from vlkit.data.batching import FixedSizeBatchSampler, TokenBucketSampler

@@ -99,7 +99,7 @@ def prepare_environment(model_cfg: Mapping[str, Any], data_cfg: Mapping[str, Any
     the data config), so that a missing one fails before any other work; region families on the shapes world
     get the shipped detector's features (extracted once, cached); pixel families get images resized to the
     model's input size."""
-    from vlkit.data.pairs import build_image_source
+    from vlkit.data.images import build_image_source
     from vlkit.data.tokenizers import build_tokenizer, family_tokenizer
 
     data = plain(data_cfg)
@@ -282,7 +282,7 @@ def _resume(trainer_cfg: Any) -> bool:
 
 def data_source(env: Environment) -> str:
     """The data of ``env`` for messages: the dataset and the feature store or image folder."""
-    from vlkit.data.pairs import image_index
+    from vlkit.data.images import image_index
 
     _, where = image_index(env.image_source)
     return f"data={env.data.get('name')}" + (f", {where}" if where and " " in where else "")

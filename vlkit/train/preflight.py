@@ -261,7 +261,7 @@ class Preflight:
     # -- the data ------------------------------------------------------------------------------------
     def check_data(self, name: str, dataset: Any, model: Any, evaluation: bool = False) -> None:
         """``dataset`` (an `ImageTextPairs`, an NLVR2 `ImagePairTexts` or a `RetrievalSet`) against ``model``."""
-        from vlkit.data.pairs import image_index
+        from vlkit.data.images import image_index
 
         source = getattr(dataset, "image_source", None) or getattr(getattr(dataset, "pairs", None), "image_source", None)
         if source is None:

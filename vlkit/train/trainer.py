@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 
 from vlkit.models.layers import compile_blocks, set_activation_checkpointing
 from vlkit.train import checkpoint as ckpt
-from vlkit.train.distributed import BATCHING, batch_units, build_train_loader, shard_batch
+from vlkit.train.distributed import BATCHING, LoaderConfig, batch_units, build_train_loader, shard_batch
 from vlkit.train.logging import JSONLTracker, flatten, progress, resolve_trackers, truncate_jsonl
 from vlkit.train.optim import (ADAMW_IMPLS, ADAMW_RULES, NO_DECAY_RULES, SCHEDULES, build_optimizer, build_scheduler,
                                warmup_steps)
@@ -169,11 +169,9 @@ def trainer_presets() -> dict[str, dict[str, Any]]:
 
 def register_hydra_configs() -> None:
     """Store each family's recipe in Hydra's ConfigStore as ``trainer/<family>`` (``trainer=meter``)."""
-    from hydra.core.config_store import ConfigStore
+    from vlkit.io import store_configs
 
-    store = ConfigStore.instance()
-    for name in trainer_presets():
-        store.store(group="trainer", name=name, node=TrainerConfig.from_preset(name))
+    store_configs("trainer", {name: TrainerConfig.from_preset(name) for name in trainer_presets()})
 
 
 def trainer_config(cfg: Any) -> TrainerConfig:
@@ -305,9 +303,7 @@ class Trainer:
             raise ValueError(f"trainer.{key}={unit} cannot be split equally across {self.world_size} processes; "
                              "make it a multiple of the number of processes or set trainer.split_batches=false")
         replicas, rank = (1, 0) if c.split_batches else (self.world_size, self.rank)
-        return build_train_loader(dataset, c.batching, c.batch_size, c.max_units, c.bucket_size, c.size_multiple,
-                                  c.drop_last, c.seed, c.num_workers, collate_fn, lengths, replicas, rank,
-                                  c.group_by_length)
+        return build_train_loader(dataset, LoaderConfig.of(c), collate_fn, lengths, replicas, rank)
 
     # -- the loop ------------------------------------------------------------------------------
     def fit(self, data: Iterable[VLBatch]) -> TrainResult:
