@@ -134,7 +134,7 @@ def test_held_out_itm_accuracy_pairs_every_caption_with_its_image_and_another(tm
     import torch
     from torch import nn
 
-    from vlkit.compare.scheduling import itm_accuracy
+    from vlkit.compare.evaluation import itm_accuracy
     from vlkit.data.pairs import ImageTextPairs
     from vlkit.data.shapes import shapes_tokenizer
 
@@ -164,6 +164,9 @@ def test_held_out_itm_accuracy_pairs_every_caption_with_its_image_and_another(tm
         def __init__(self, itm):
             super().__init__()
             self.model, self.objectives = Model(), nn.ModuleDict({"itm": itm})
+
+        def scorer(self):
+            return self.objectives["itm"]
 
     assert itm_accuracy(Pre(Itm()), pairs, batch_size=4) == 1.0
     assert itm_accuracy(Pre(Itm(constant=0.9)), pairs, batch_size=5) == 0.5

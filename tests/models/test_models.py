@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import vlkit
+import vlkit.models.compile
 from vlkit.types import VLBatch
 
 FAMILIES = ("vilbert", "uniter", "meter")
@@ -258,7 +259,7 @@ def test_activation_checkpointing_keeps_outputs_and_gradients(family, build_tiny
     assert torch.equal(plain[0], checkpointed[0]) and plain[1].keys() == checkpointed[1].keys()
     assert all(torch.equal(plain[1][n], checkpointed[1][n]) for n in plain[1])
     model.set_activation_checkpointing(False)
-    assert not any("forward" in vars(b) for b in vlkit.models.layers.transformer_blocks(model))
+    assert not any("forward" in vars(b) for b in vlkit.models.compile.transformer_blocks(model))
 
 
 @pytest.mark.parametrize("family", FAMILIES)

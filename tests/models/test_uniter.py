@@ -47,11 +47,12 @@ def _ragged_batch(model):
 def test_packed_sequence_gives_the_padded_outputs_at_real_positions(build_tiny):
     """UNITER's fuse packs each example's regions after its own text (length 15 here instead of 22): the
     states, pooled vector and gradients of every real position equal the [text padded | regions padded] run."""
-    from vlkit.models.layers import _packing, run_single_stream
+    from vlkit.models.layers import run_single_stream
+    from vlkit.models.rows import packing
 
     model = build_tiny("uniter", hidden_dropout_prob=0.0)
     batch = _ragged_batch(model)
-    assert _packing(batch.attention_mask, batch.region_mask)[0].shape[1] == 15
+    assert packing(batch.attention_mask, batch.region_mask)[0].shape[1] == 15
     text, image = model.encode_text(batch), model.encode_image(batch)
     packed = model.fuse(text, image)
     padded_t, padded_i = run_single_stream(model.encoder.layer, text, image, pack=False)

@@ -11,11 +11,10 @@ from typing import Any, Iterable
 import torch
 
 from vlkit.compare.config import RunSpec, mix_label, objective_mix, run_data, run_specs, task_cfg
+from vlkit.compare.evaluation import inference_latency, itm_accuracy, zero_shot_retrieval
 from vlkit.compare.units import Unit, config_hash
 from vlkit.compare.statistics import HEADLINE
 from vlkit.train import pipeline
-
-TEXT_SIDE = ("id", "input_ids", "attention_mask", "targets")  # the keys of an example that are not its image
 
 
 def digest(items: Iterable[Any]) -> str:
@@ -28,57 +27,6 @@ def digest(items: Iterable[Any]) -> str:
 
 def _parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-@torch.no_grad()
-def inference_latency(model: Any, dataset: Any, n: int = 64, batch_size: int = 32) -> float:
-    """Milliseconds per example of a forward pass over ``n`` examples of ``dataset`` in eval mode."""
-    collate = dataset.collator()
-    examples = [dataset[i] for i in range(min(n, len(dataset)))]
-    batches = [collate(examples[i:i + batch_size]) for i in range(0, len(examples), batch_size)]
-    was_training = model.training
-    model.eval()
-    model(batches[0])  # warm-up
-    start = time.perf_counter()
-    for batch in batches:
-        model(batch)
-    model.train(was_training)
-    return 1000 * (time.perf_counter() - start) / len(examples)
-
-
-@torch.no_grad()
-def itm_accuracy(pre: Any, pairs: Any, limit: int = 2000, batch_size: int = 128, seed: int = 0) -> float:
-    """Held-out image-text matching accuracy of a pre-training's ITM head: each of the first ``limit``
-    captions of ``pairs`` with its own image and with the image of another caption (a seeded draw among
-    the other images), so chance is 0.5; P(matched) > 0.5 counts as "matched"."""
-    itm = pre.scorer()
-    n = min(limit, len(pairs))
-    generator = torch.Generator().manual_seed(seed)
-    image_of = [str(i) for i in pairs.data["image_id"]]
-    if len(set(image_of)) < 2:
-        raise ValueError("itm_accuracy: the held-out pairs show a single image; negatives need two")
-    negatives = []
-    for i in range(n):
-        j = int(torch.randint(len(pairs), (1,), generator=generator))
-        while image_of[j] == image_of[i]:
-            j = int(torch.randint(len(pairs), (1,), generator=generator))
-        negatives.append(j)
-    collate = pairs.collator()
-    was_training = pre.training
-    pre.eval()
-    correct = 0
-    try:
-        for start in range(0, n, batch_size):
-            rows = range(start, min(n, start + batch_size))
-            positive = [pairs[i] for i in rows]
-            negative = [{**{k: v for k, v in pairs[j].items() if k not in TEXT_SIDE},
-                         **{k: v for k, v in ex.items() if k in TEXT_SIDE}} for ex, j in zip(positive, negatives[start:])]
-            for examples, matched in ((positive, True), (negative, False)):
-                score = itm.match_score(pre.model(collate(examples).to(pre.model.device), pooled_only=True))
-                correct += int(((score > 0.5) == matched).sum())
-    finally:
-        pre.train(was_training)
-    return correct / (2 * n)
 
 
 class Comparison:
@@ -312,14 +260,8 @@ class Comparison:
         return records, audit, curves
 
     def _zero_shot(self, env, pre: Any, spec: RunSpec) -> dict[str, float]:
-        from vlkit.registry import TASKS
-
         task_cfg = self.task_cfg("retrieval", spec)
-        data = self.task_data(env, task_cfg)
-        options = {k: v for k, v in (task_cfg.get("options") or {}).items() if k in ("eval_mode", "rerank_k", "prerank_ridge")}
-        task = TASKS.get("retrieval").zero_shot(pre, **options, **data.options)
-        raw = task.evaluate(data.eval[self.compare.get("eval_split", "val")], batch_size=task_cfg.get("eval_batch_size", 64))
-        return {f"zs_{k}": float(v) for k, v in raw.items()}
+        return zero_shot_retrieval(pre, task_cfg, self.task_data(env, task_cfg), self.compare.get("eval_split", "val"))
 
 
 def _pretraining_digest(dataset: Any) -> str:

@@ -156,14 +156,14 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
 
     def set_activation_checkpointing(self, enabled: bool = True) -> int:
         """Recompute every transformer block's activations in the backward pass (less memory, the same
-        outputs and gradients); see `vlkit.models.layers.set_activation_checkpointing`."""
-        from vlkit.models.layers import set_activation_checkpointing
+        outputs and gradients); see `vlkit.models.compile.set_activation_checkpointing`."""
+        from vlkit.models.compile import set_activation_checkpointing
 
         return set_activation_checkpointing(self, enabled)
 
     def compile_blocks(self, **options: Any) -> int:
-        """``torch.compile`` every transformer block in place (`vlkit.models.layers.compile_blocks`)."""
-        from vlkit.models.layers import compile_blocks
+        """``torch.compile`` every transformer block in place (`vlkit.models.compile.compile_blocks`)."""
+        from vlkit.models.compile import compile_blocks
 
         return compile_blocks(self, **options)
 

@@ -7,17 +7,16 @@ Attention runs through `torch.nn.functional.scaled_dot_product_attention` with t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vlkit.models.rows import Rows, keep_index, packing, scatter_rows, select_rows
 from vlkit.types import Encoded
 
 MASK_VALUE = -10000.0
-# positions a layer computes: the same list in every example, or a [B, R] index tensor per example
-Rows = Union[Sequence[int], Tensor, None]
+
 
 
 class QuickGELU(nn.Module):
@@ -165,37 +164,6 @@ class BertLayer(nn.Module):
         return self.attention(x, mask) if rows is None else self.attention(select_rows(x, rows), mask, context=x)
 
 
-def select_rows(x: Tensor, rows: Rows) -> Tensor:
-    """``x[:, rows]`` for a list of positions, or each example's positions for a [B, R] index tensor."""
-    if rows is None:
-        return x
-    if isinstance(rows, Tensor):
-        return x.gather(1, rows[..., None].expand(-1, -1, x.shape[-1]))
-    return x[:, list(rows)]
-
-
-def keep_index(keep: Tensor) -> Tensor:
-    """[B, L] bool -> [B, R] distinct positions per example, its kept ones first (R = the largest count;
-    an example with fewer fills up with other positions, which are then computed too)."""
-    count = int(keep.sum(1).max())  # one host sync: R is a shape
-    return keep.to(torch.uint8).argsort(dim=1, descending=True, stable=True)[:, :max(count, 1)]
-
-
-def with_pooled(keep: Tensor | None, offset: int = 0) -> Tensor | None:
-    """A [B, L] keep mask (of `VLModel.fuse`'s ``keep_rows``) with ``offset`` leading positions ([IMG], a
-    ViT's [CLS]) prepended and position 0 (what the poolers read) kept; None (every position) stays None."""
-    if keep is None:
-        return None
-    if offset:
-        keep = torch.cat([keep.new_zeros(keep.shape[0], offset), keep], dim=1)
-    return torch.cat([torch.ones_like(keep[:, :1]), keep[:, 1:]], dim=1)
-
-
-def scatter_rows(out: Tensor, index: Tensor, length: int) -> Tensor:
-    """[B, R, H] states of the positions ``index`` [B, R] -> [B, length, H], zeros elsewhere."""
-    return out.new_zeros(out.shape[0], length, out.shape[-1]).scatter(1, index[..., None].expand_as(out), out)
-
-
 def run_layers(layers: Sequence[nn.Module], states: Tensor, mask: Tensor, last_rows: Rows = None,
                keep: Tensor | None = None) -> Tensor:
     """Run ``layers`` in order; the last one computes only ``last_rows`` when given (see `BertLayer`).
@@ -232,7 +200,7 @@ def run_single_stream(layers: Sequence[nn.Module], text: Encoded, image: Encoded
         keep_all = torch.cat([k if k is not None else torch.ones_like(m, dtype=torch.bool)
                               for k, m in zip(keep, (text.mask, image.mask))], dim=1)
     if pack and (pooled_rows is None or not len(pooled_rows[1])):
-        packed = _packing(text.mask, image.mask)
+        packed = packing(text.mask, image.mask)
         if packed is not None:
             index, mask, text_index, image_index = packed
             states = torch.cat([text.states, image.states], dim=1)
@@ -253,72 +221,6 @@ def run_single_stream(layers: Sequence[nn.Module], text: Encoded, image: Encoded
     text_rows, image_rows = pooled_rows
     states = run_layers(layers, states, mask, [*text_rows, *(t + r for r in image_rows)])
     return states[:, :len(text_rows)], states[:, len(text_rows):]
-
-
-def _packing(text_mask: Tensor, image_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
-    """Index maps of the packed layout (real text positions first, then real image positions; masks are
-    left-aligned): ``(gather index [B, L] into [text | image], packed mask [B, L], text positions [B, T]
-    and image positions [B, K] in the packed sequence)``; None when packing saves no position."""
-    t, k = text_mask.shape[1], image_mask.shape[1]
-    t_len, k_len = text_mask.sum(1, keepdim=True), image_mask.sum(1, keepdim=True)
-    total = t_len + k_len
-    length = int(total.max())  # one host sync: the packed length is a shape
-    if length >= t + k:
-        return None
-    pos = torch.arange(length, device=text_mask.device)[None]
-    index = torch.where(pos < t_len, pos, t + pos - t_len).clamp(max=t + k - 1)
-    mask = (pos < total).to(text_mask.dtype)
-    text_index = torch.arange(t, device=text_mask.device)[None].clamp(max=length - 1).expand(len(t_len), -1)
-    image_index = (t_len + torch.arange(k, device=text_mask.device)[None]).clamp(max=length - 1)
-    return index, mask, text_index, image_index
-
-
-def transformer_blocks(module: nn.Module) -> list[nn.Module]:
-    """The repeated blocks of ``module``: the children of every `nn.ModuleList` / `nn.Sequential` holding at
-    least two modules of one type (vlkit's layers, a `transformers` encoder's ``layer``, a timm ViT's
-    ``blocks``), outermost only."""
-    found: list[nn.Module] = []
-
-    def visit(m: nn.Module) -> None:
-        for child in m.children():
-            items = list(child.children()) if isinstance(child, (nn.ModuleList, nn.Sequential)) else []
-            if len(items) >= 2 and len({type(c) for c in items}) == 1:
-                found.extend(items)
-            else:
-                visit(child)
-
-    visit(module)
-    return found
-
-
-def set_activation_checkpointing(module: nn.Module, enabled: bool = True) -> int:
-    """Recompute each transformer block's activations in the backward pass instead of storing them
-    (`torch.utils.checkpoint`, non-reentrant, RNG state preserved: the same dropout masks, so outputs and
-    gradients equal the plain run). Returns the number of blocks; ``enabled=False`` undoes it."""
-    from functools import partial
-
-    from torch.utils.checkpoint import checkpoint
-
-    def run(forward, *args, **kwargs):
-        if not torch.is_grad_enabled():
-            return forward(*args, **kwargs)
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-    blocks = transformer_blocks(module)
-    for block in blocks:
-        block.__dict__.pop("forward", None)  # back to the class's forward
-        if enabled:
-            block.forward = partial(run, block.forward)
-    return len(blocks)
-
-
-def compile_blocks(module: nn.Module, **options) -> int:
-    """``torch.compile`` each transformer block in place (regional compilation: one graph per block type,
-    reused by every layer; the code between blocks stays eager). Returns the number of blocks."""
-    blocks = transformer_blocks(module)
-    for block in blocks:
-        block.compile(**options)
-    return len(blocks)
 
 
 def bert_layers(c) -> nn.ModuleList:

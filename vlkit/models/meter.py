@@ -18,7 +18,8 @@ from vlkit.models.base import ModelConfig, VLModel
 from vlkit.models.encoders import TEXT_ENCODERS, vision_has_cls, vision_tokens
 from vlkit.models.heads import JointClassifier, PairClassifier, RankHead, init_linear
 from vlkit.models.layers import (BertCrossLayer, BertLayer, Pooler, additive_mask, extend_embedding, init_bert_weights,
-                                 keep_index, run_single_stream, scatter_rows, with_pooled)
+                                 run_single_stream)
+from vlkit.models.rows import keep_index, scatter_rows, with_pooled
 from vlkit.registry import ENCODERS, register_head, register_model
 from vlkit.types import Encoded, VLBatch, VLOutput
 

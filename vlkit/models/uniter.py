@@ -17,8 +17,8 @@ from torch import Tensor, nn
 from vlkit.models.base import BertStreamConfig, VLModel
 from vlkit.models.embeddings import BertTextEmbeddings, UniterRegionEmbeddings
 from vlkit.models.heads import Head, JointClassifier, RankHead, RegionScorer
-from vlkit.models.layers import (MASK_VALUE, Pooler, bert_layers, extend_embedding, init_bert_weights,
-                                 run_single_stream, with_pooled)
+from vlkit.models.layers import MASK_VALUE, Pooler, bert_layers, extend_embedding, init_bert_weights, run_single_stream
+from vlkit.models.rows import with_pooled
 from vlkit.registry import register_head, register_model
 from vlkit.types import Encoded, VLBatch, VLOutput
 

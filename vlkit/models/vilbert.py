@@ -16,8 +16,8 @@ from vlkit.models.base import BertStreamConfig, VLModel
 from vlkit.models.embeddings import BertTextEmbeddings, ViLBERTRegionEmbeddings
 from vlkit.models.heads import JointClassifier, PairClassifier, RankHead, RegionScorer, init_linear
 from vlkit.models.layers import (BertIntermediate, BertLayer, BertOutput, BiAttention, BiOutput, Pooler,
-                                 additive_mask, bert_layers, init_bert_weights, run_layers,
-                                 run_single_stream, with_pooled)
+                                 additive_mask, bert_layers, init_bert_weights, run_layers, run_single_stream)
+from vlkit.models.rows import with_pooled
 from vlkit.registry import register_head, register_model
 from vlkit.types import Encoded, VLBatch, VLOutput
 

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from vlkit.models.layers import compile_blocks, set_activation_checkpointing
+from vlkit.models.compile import compile_blocks, set_activation_checkpointing
 from vlkit.train import checkpoint as ckpt
 from vlkit.train.distributed import BATCHING, LoaderConfig, batch_units, build_train_loader, shard_batch
 from vlkit.train.logging import JSONLTracker, flatten, progress, resolve_trackers, truncate_jsonl
