@@ -20,7 +20,7 @@ from vlkit.objectives.base import accuracy
 __all__ = [
     "IOU_BOXES", "IOU_COMPARISONS", "META_SUM_KEYS", "REFEXP_OFFICIAL", "RETRIEVAL_TIES", "VQA_RULES",
     "accuracy", "mean_by", "meta_sum", "nlvr2_consistency", "nlvr2_sentence", "normalize_answer",
-    "official_points", "paired_box_iou", "process_digit_article", "process_punctuation", "recall_at_k",
+    "official_points", "paired_box_iou", "process_digit_article", "process_punctuation", "recall", "recall_at_k",
     "refexp_accuracy", "refexp_hits", "refexp_iou", "vqa_accuracy", "vqa_question_accuracy",
     "vqa_score_from_soft_targets",
 ]
@@ -306,6 +306,21 @@ def refexp_accuracy(pred_boxes: Tensor, gt_boxes: Tensor, iou_threshold: float =
     if len(pred_boxes) == 0:
         raise ValueError("refexp_accuracy: no boxes")
     return refexp_hits(refexp_iou(pred_boxes, gt_boxes, boxes), iou_threshold, comparison).double().mean().item()
+
+
+def recall(i2t: Tensor, t2i: Tensor, txt2img: Sequence[int] | Tensor, ties: str = "worst",
+           uniter_ir_rows: bool = False) -> dict[str, float]:
+    """IR recall from the columns of ``t2i`` and TR recall from the rows of ``i2t`` (both [N_img, N_txt];
+    the same matrix when every pair is scored), with their mean ``r_mean``; ``ties`` and
+    ``uniter_ir_rows`` as in `recall_at_k`."""
+    if i2t is t2i:
+        return recall_at_k(i2t, txt2img, ties=ties, uniter_ir_rows=uniter_ir_rows)
+    ir = recall_at_k(t2i, txt2img, ties=ties, uniter_ir_rows=uniter_ir_rows)
+    tr = recall_at_k(i2t, txt2img, ties=ties)
+    out = {**{k: v for k, v in ir.items() if k.startswith("ir_")},
+           **{k: v for k, v in tr.items() if k.startswith("tr_")}}
+    out["r_mean"] = sum(out.values()) / len(out)
+    return out
 
 
 def nlvr2_sentence(identifier: str) -> str:

@@ -20,7 +20,9 @@ per step and every pair is fused from those encodings):
 Evaluation modes: ``full`` runs the whole model on every pair (paper parity); ``cached`` encodes each
 caption once (``encode_text``) and each image once (``encode_image``) and only ``fuse``s pairs;
 ``rerank`` pre-ranks with a cheap learned score over the cached encodings and fuses only each
-image's and each caption's top ``k`` candidates (see `Retrieval.fit_prerank`).
+image's and each caption's top ``k`` candidates (see `Retrieval.fit_prerank`, the ridge pre-ranker in
+`vlkit.tasks.prerank`). The evaluation data is a `vlkit.tasks.retrieval_data.RetrievalSet`; the recall
+metrics are `vlkit.tasks.metrics.recall`.
 """
 from __future__ import annotations
 
@@ -35,7 +37,9 @@ from vlkit.models.base import VLModel
 from vlkit.models.layers import masked_mean
 from vlkit.registry import HEADS, MODELS, OBJECTIVES, register_task
 from vlkit.tasks.base import Task, TaskData, eval_batches, world_needed
-from vlkit.tasks.metrics import RETRIEVAL_TIES, recall_at_k
+from vlkit.tasks.metrics import RETRIEVAL_TIES, recall
+from vlkit.tasks.prerank import fit_ridge, ridge_scores, summary
+from vlkit.tasks.retrieval_data import RetrievalSet, record_caption_ids
 from vlkit.types import Encoded, LossOutput, VLBatch, VLOutput
 
 RECIPES = ("multiple_choice", "hard_negatives", "softmax")
@@ -46,122 +50,8 @@ __all__ = ["MODES", "RECIPES", "Retrieval", "RetrievalSet", "image_similarity", 
 
 
 # --------------------------------------------------------------------------------------------
-# Evaluation data
-# --------------------------------------------------------------------------------------------
-class RetrievalSet:
-    """An evaluation set: ``image_ids`` [N], ``captions`` [M] and ``txt2img`` [M] (the image index of
-    each caption). Captions are tokenised once (truncated to ``max_len``); images are loaded from
-    ``image_source`` on first use and kept in memory when ``cache_images`` is true."""
-
-    def __init__(self, image_ids: Sequence[str], captions: Sequence[str], txt2img: Sequence[int], tokenizer: Any,
-                 image_source: Any, max_len: int = 62, caption_ids: Sequence[str] | None = None,
-                 cache_images: bool = True):
-        from vlkit.data.collate import VLCollator
-
-        self.image_ids = [str(i) for i in image_ids]
-        self.captions = list(captions)
-        self.txt2img = torch.as_tensor(list(txt2img), dtype=torch.long)
-        self.caption_ids = [str(c) for c in caption_ids] if caption_ids is not None else \
-            [str(t) for t in range(len(self.captions))]
-        if not self.image_ids or not self.captions:
-            raise ValueError(f"RetrievalSet: needs images and captions, got {len(self.image_ids)} images and "
-                             f"{len(self.captions)} captions")
-        if len(set(self.image_ids)) != len(self.image_ids):
-            dup = next(i for i in self.image_ids if self.image_ids.count(i) > 1)
-            raise ValueError(f"RetrievalSet: image {dup!r} is listed twice")
-        if len(self.txt2img) != len(self.captions) or len(self.caption_ids) != len(self.captions):
-            raise ValueError(f"RetrievalSet: {len(self.captions)} captions but {len(self.txt2img)} txt2img entries "
-                             f"and {len(self.caption_ids)} caption ids")
-        bad = ((self.txt2img < 0) | (self.txt2img >= len(self.image_ids))).nonzero()
-        if len(bad):
-            t = int(bad[0])
-            raise ValueError(f"RetrievalSet: caption {self.caption_ids[t]!r} points to image index "
-                             f"{int(self.txt2img[t])} of {len(self.image_ids)}")
-        lonely = sorted(set(range(len(self.image_ids))) - set(self.txt2img.tolist()))
-        if lonely:
-            raise ValueError(f"RetrievalSet: image {self.image_ids[lonely[0]]!r} has no caption")
-        ids = tokenizer(self.captions, truncation=True, max_length=max_len)["input_ids"]
-        self.input_ids = [torch.tensor(x, dtype=torch.long) for x in ids]
-        self.text_lengths = torch.tensor([len(x) for x in ids])
-        self.image_source, self.cache_images = image_source, cache_images
-        self.collate = VLCollator(pad_token_id=tokenizer.pad_token_id or 0)
-        self._images: dict[int, dict[str, Tensor]] = {}
-
-    @classmethod
-    def from_records(cls, records: Sequence[Mapping[str, Any]], tokenizer: Any, image_source: Any,
-                     **kwargs: Any) -> "RetrievalSet":
-        """From ``{image_id, captions[, caption_ids]}`` records (`vlkit.data.formats.read_karpathy_retrieval`)."""
-        image_ids, captions, txt2img, caption_ids = [], [], [], []
-        for i, rec in enumerate(records):
-            image_ids.append(str(rec["image_id"]))
-            caps = list(rec["captions"])
-            captions += caps
-            txt2img += [i] * len(caps)
-            caption_ids += _caption_ids(rec)
-        return cls(image_ids, captions, txt2img, tokenizer, image_source, caption_ids=caption_ids, **kwargs)
-
-    @property
-    def num_images(self) -> int:
-        return len(self.image_ids)
-
-    @property
-    def num_texts(self) -> int:
-        return len(self.captions)
-
-    def image_fields(self, i: int) -> dict[str, Tensor]:
-        """The image side of image ``i`` as the image source gives it."""
-        if i in self._images:
-            return self._images[i]
-        fields = self.image_source(self.image_ids[i])
-        if self.cache_images:
-            self._images[i] = fields
-        return fields
-
-    def _examples(self, img_idx: Sequence[int] | None, txt_idx: Sequence[int] | None) -> list[dict[str, Any]]:
-        n = len(img_idx if img_idx is not None else txt_idx)
-        out = []
-        for k in range(n):
-            ex: dict[str, Any] = {}
-            if txt_idx is not None:
-                t = int(txt_idx[k])
-                ex.update(id=self.caption_ids[t], input_ids=self.input_ids[t])
-            if img_idx is not None:
-                i = int(img_idx[k])
-                ex.update(self.image_fields(i), image_id=self.image_ids[i])
-                ex.setdefault("id", self.image_ids[i])
-                ex.setdefault("input_ids", self.input_ids[0][:1])  # encode_image reads no text
-            out.append(ex)
-        return out
-
-    def text_batch(self, txt_idx: Sequence[int]) -> VLBatch:
-        return self.collate(self._examples(None, txt_idx))
-
-    def image_batch(self, img_idx: Sequence[int]) -> VLBatch:
-        return self.collate(self._examples(img_idx, None))
-
-    def pair_batch(self, img_idx: Sequence[int], txt_idx: Sequence[int]) -> VLBatch:
-        """Caption ``txt_idx[k]`` with image ``img_idx[k]``: the input of a full forward."""
-        return self.collate(self._examples(img_idx, txt_idx))
-
-
-# --------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------
-def recall(i2t: Tensor, t2i: Tensor, txt2img: Sequence[int] | Tensor, ties: str = "worst",
-           uniter_ir_rows: bool = False) -> dict[str, float]:
-    """IR recall from the columns of ``t2i`` and TR recall from the rows of ``i2t`` (both [N_img, N_txt];
-    the same matrix when every pair is scored), with their mean ``r_mean``; ``ties`` and
-    ``uniter_ir_rows`` as in `recall_at_k`."""
-    if i2t is t2i:
-        return recall_at_k(i2t, txt2img, ties=ties, uniter_ir_rows=uniter_ir_rows)
-    ir = recall_at_k(t2i, txt2img, ties=ties, uniter_ir_rows=uniter_ir_rows)
-    tr = recall_at_k(i2t, txt2img, ties=ties)
-    out = {**{k: v for k, v in ir.items() if k.startswith("ir_")},
-           **{k: v for k, v in tr.items() if k.startswith("tr_")}}
-    out["r_mean"] = sum(out.values()) / len(out)
-    return out
-
-
 def image_similarity(batch: VLBatch) -> Tensor:
     """Cheap image-image cosine similarity [B, B] for hard negatives: mean region feature, or the
     8x8 average-pooled pixels."""
@@ -221,13 +111,6 @@ def _trim(enc: Encoded) -> Encoded:
         return enc
     extra = {k: v[:, :length] if v.dim() > 1 and v.shape[1] == full else v for k, v in enc.extra.items()}
     return Encoded(enc.states[:, :length], enc.mask[:, :length], extra)
-
-
-def _summary(enc: Encoded) -> Tensor:
-    """[B, 2H] masked mean and max of each row's states (what the pre-ranking reads)."""
-    states = enc.states.to(torch.float64)
-    top = states.masked_fill(enc.mask[..., None] == 0, float("-inf")).amax(1).clamp(min=-1e4)
-    return torch.cat([masked_mean(states, enc.mask), top], dim=-1)
 
 
 @contextlib.contextmanager
@@ -554,23 +437,16 @@ class Retrieval(Task):
         centred image summary onto the centred summary of its captions, and a pair's pre-score is the
         cosine between the caption's summary and the mapped image summary.
         """
-        text, image = _summary(self.encode_texts(data, batch_size)), _summary(self.encode_images(data, batch_size))
-        x, y = image[data.txt2img.to(image.device)], text
-        x_mean, y_mean = x.mean(0), y.mean(0)
-        x, y = x - x_mean, y - y_mean
-        gram = x.T @ x
-        penalty = self.prerank_ridge * gram.diagonal().mean().clamp(min=1e-12)
-        self.prerank_w = torch.linalg.solve(gram + penalty * torch.eye(len(gram), dtype=gram.dtype, device=gram.device),
-                                            x.T @ y)
-        self.prerank_image_mean, self.prerank_text_mean = x_mean, y_mean
+        text, image = summary(self.encode_texts(data, batch_size)), summary(self.encode_images(data, batch_size))
+        self.prerank_w, self.prerank_image_mean, self.prerank_text_mean = fit_ridge(
+            image[data.txt2img.to(image.device)], text, self.prerank_ridge)
 
     def prerank_scores(self, text: Encoded, image: Encoded) -> Tensor:
         """Pre-ranking scores [N_img, N_txt] from cached encodings (`fit_prerank` first)."""
         if self.prerank_w is None:
             raise ValueError("retrieval: the pre-ranking is not fitted for the current weights; call fit_prerank")
-        t = F.normalize(_summary(text) - self.prerank_text_mean, dim=-1)
-        i = F.normalize((_summary(image) - self.prerank_image_mean) @ self.prerank_w, dim=-1)
-        return (i @ t.T).float()
+        return ridge_scores(summary(text), summary(image), self.prerank_w, self.prerank_image_mean,
+                            self.prerank_text_mean)
 
     # -- data ------------------------------------------------------------------------------------
     @classmethod
@@ -606,7 +482,7 @@ class Retrieval(Task):
             raise ValueError(f"retrieval: unknown source {source!r}; use shapes or files")
         train_images = images(train_splits)
         records = [{"id": cid, "image_id": rec["image_id"], "caption": cap} for rec in train_images
-                   for cid, cap in zip(_caption_ids(rec), rec["captions"])]
+                   for cid, cap in zip(record_caption_ids(rec), rec["captions"])]
         train = ImageTextPairs(records, tokenizer, image_source, max_len=max_len,
                                filter_long=bool(cfg.get("filter_long", False)))
         evaluated = {s: images([s]) for s in eval_splits}
@@ -614,9 +490,3 @@ class Retrieval(Task):
                 for s, recs in evaluated.items() if recs or source != "shapes"}  # a shapes split may be empty
         prerank = RetrievalSet.from_records(train_images, tokenizer, image_source, max_len=max_len, cache_images=False)
         return TaskData(train=train, eval=sets, options={"prerank_data": prerank}, collate=train.collator())
-
-
-def _caption_ids(rec: Mapping[str, Any]) -> list[str]:
-    return [str(c) for c in rec.get("caption_ids") or [f"{rec['image_id']}#{k}" for k in range(len(rec["captions"]))]]
-
-
