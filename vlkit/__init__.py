@@ -34,8 +34,9 @@ _LAZY = {
     **dict.fromkeys(("Objective", "PassContext", "IncompatibleObjective", "PredictionHeadTransform"),
                     "vlkit.objectives.base"),
     **dict.fromkeys(("Task", "TaskData", "IncompatibleTask"), "vlkit.tasks.base"),
-    **dict.fromkeys(("list_models", "build_model", "from_pretrained", "list_objectives", "build_objective",
-                     "build_pretraining", "list_tasks", "build_task"), "vlkit.api"),
+    **dict.fromkeys(("list_models", "build_model", "from_pretrained", "list_pretrained", "list_objectives",
+                     "build_objective", "build_pretraining", "list_tasks", "build_task"), "vlkit.api"),
+    **dict.fromkeys(("PretrainedWeights", "register_pretrained"), "vlkit.released"),
 }
 
 

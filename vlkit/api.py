@@ -19,11 +19,23 @@ def list_models(presets: bool = False) -> list[str]:
     return MODELS.names()
 
 
-def build_model(name_or_cfg: Any, preset: str | None = None, **overrides: Any):
-    """Build a model: ``build_model("uniter", preset="base", num_hidden_layers=6)`` or ``build_model(cfg)``."""
+def build_model(name_or_cfg: Any, preset: str | None = None, pretrained: str | None = None, **overrides: Any):
+    """Build a model: ``build_model("uniter", preset="base", num_hidden_layers=6)``, ``build_model(cfg)``, or
+    with the named released weights it was converted from: ``build_model("uniter", pretrained="base.official")``
+    (`list_pretrained`)."""
     from vlkit.models.base import build_model as _build
 
-    return _build(name_or_cfg, preset=preset, **overrides)
+    return _build(name_or_cfg, preset=preset, pretrained=pretrained, **overrides)
+
+
+def list_pretrained(family: str | None = None, available: bool = False) -> list[str]:
+    """The named released weights as ``<family>/<tag>`` (``uniter/base.official``), of ``family`` only when
+    given; with ``available=True`` only those converted on disk (``vlkit convert pretrained=<name> src=<file>``),
+    which ``build_model(family, pretrained=tag)`` loads."""
+    from vlkit.released import PRETRAINED
+
+    return [name for name in PRETRAINED.names() if (family is None or name.startswith(f"{family}/"))
+            and (not available or PRETRAINED.get(name).converted)]
 
 
 def from_pretrained(path: str, **kwargs: Any):

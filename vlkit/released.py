@@ -6,7 +6,8 @@ publisher's, is refused naming its path (a truncated download otherwise fails de
 `RELEASED_FILES` is a registry keyed by file name; a plugin (or a user with a mirror that publishes
 checksums) adds entries with `register_released_file`. Sizes and hashes are filled in only where the
 publisher gives them: none of the official READMEs below does, so today only the emptiness check and
-the readers' own errors apply to them. `ConversionReport` is what every converter (the families' and the
+the readers' own errors apply to them. `PRETRAINED` names the released weights (``uniter/base.official``)
+that ``build_model(family, pretrained=tag)`` loads once converted. `ConversionReport` is what every converter (the families' and the
 detector's) says happened to each key of a released file.
 """
 from __future__ import annotations
@@ -68,6 +69,65 @@ RELEASED_FILES = Registry("released file")
 
 def register_released_file(entry: ReleasedFile, override: bool = False) -> ReleasedFile:
     return RELEASED_FILES.register(entry.name, override=override)(entry)
+
+
+@dataclass(frozen=True)
+class PretrainedWeights:
+    """A named release of a family's weights, ``<family>/<tag>`` (``uniter/base.official``; timm's ``arch.tag``):
+    the released ``file`` (a `ReleasedFile` name) and how `vlkit convert` turns it into a vlkit run (``task``, the
+    official ``config`` file it reads). ``build_model(family, pretrained=tag)`` loads the converted run from
+    `pretrained_dir` (nothing is downloaded); ``vlkit convert pretrained=<name> src=<file>`` writes it there."""
+
+    family: str
+    tag: str  # <preset>.<source>: base.official, large.official, clip16-roberta.288 ...
+    file: str
+    what: str
+    task: str | None = None  # the convert task= (None: the heads of the file decide)
+    config: str | None = None  # the official config file convert reads (config=), when the file needs one
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}/{self.tag}"
+
+    @property
+    def directory(self) -> Path:
+        """Where the converted run of these weights lives: ``pretrained_dir()/<family>/<tag>``."""
+        return pretrained_dir() / self.family / self.tag
+
+    @property
+    def converted(self) -> bool:
+        return (self.directory / "model" / "config.json").is_file()
+
+    def convert_command(self) -> str:
+        config = f" config={self.config}" if self.config else ""
+        return f"vlkit convert pretrained={self.name} src={self.file}{config}"
+
+
+PRETRAINED = Registry("pretrained weights")
+
+
+def register_pretrained(entry: PretrainedWeights, override: bool = False) -> PretrainedWeights:
+    return PRETRAINED.register(entry.name, override=override)(entry)
+
+
+def pretrained_dir() -> Path:
+    """The folder of converted named weights: ``$VLKIT_WEIGHTS``, else ``$VLKIT_CACHE/weights``, else
+    ``~/.cache/vlkit/weights``."""
+    if os.environ.get("VLKIT_WEIGHTS"):
+        return Path(os.environ["VLKIT_WEIGHTS"])
+    return Path(os.environ.get("VLKIT_CACHE") or Path.home() / ".cache" / "vlkit") / "weights"
+
+
+def pretrained_weights(family: str, tag: str) -> PretrainedWeights:
+    """The named release ``<family>/<tag>`` (an unknown tag lists the family's)."""
+    from vlkit.registry import UnknownNameError, did_you_mean
+
+    name = f"{family}/{tag}"
+    if name not in PRETRAINED:
+        tags = [n.split("/", 1)[1] for n in PRETRAINED.names() if n.startswith(f"{family}/")]
+        raise UnknownNameError(f"no pretrained weights {tag!r} for {family}{did_you_mean(tag, tags)}; {family} has: "
+                               f"{', '.join(tags) or '(none)'} (vlkit.list_pretrained())")
+    return PRETRAINED.get(name)
 
 
 def known_file(name: str) -> ReleasedFile | None:
@@ -143,3 +203,19 @@ for _entry in (
                  "MILVLG/bottom-up-attention.pytorch README.md (Pre-trained models)"),
 ):
     register_released_file(_entry)
+
+for _weights in (
+    PretrainedWeights("vilbert", "base.official", "pretrained_model.bin", "ViLBERT pre-trained on Conceptual Captions",
+                      config="bert_base_6layer_6conect.json"),
+    PretrainedWeights("vilbert", "base.multitask", "multi_task_model.bin", "12-in-1 multi-task ViLBERT",
+                      task="pretraining", config="bert_base_6layer_6conect.json"),
+    PretrainedWeights("uniter", "base.official", "uniter-base.pt", "UNITER-base pre-trained"),
+    PretrainedWeights("uniter", "large.official", "uniter-large.pt", "UNITER-large pre-trained"),
+    PretrainedWeights("meter", "clip16-roberta.288", "meter_clip16_288_roberta_pretrain.ckpt",
+                      "METER CLIP16-RoBERTa pre-trained, 288 px"),
+    PretrainedWeights("meter", "clip16-roberta.224", "meter_clip16_224_roberta_pretrain.ckpt",
+                      "METER CLIP16-RoBERTa pre-trained, 224 px"),
+    PretrainedWeights("meter", "swin-roberta.384", "meter_swinbase_384_roberta_pretrain.ckpt",
+                      "METER SwinBase-RoBERTa pre-trained, 384 px"),
+):
+    register_pretrained(_weights)

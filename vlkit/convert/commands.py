@@ -29,22 +29,33 @@ def read_answers(path: str | Path) -> list[str]:
 
 
 def convert(cfg) -> int:
-    """Convert ``src`` (family ``family``) and write the vlkit run directory ``dst`` (with ``tokenizer``'s files)."""
+    """Convert ``src`` (family ``family``, or the one whose key signature it carries) and write the vlkit run
+    directory ``dst`` (with ``tokenizer``'s files); ``pretrained=<family>/<tag>`` gives the family, the task and
+    ``dst`` of a named release (`vlkit.released.PRETRAINED`)."""
     from vlkit.convert import from_official, save_converted
     from vlkit.data.tokenizers import TokenizerError, build_tokenizer
     from vlkit.io import refuse_overwrite
     from vlkit.models.base import VLModel
     from vlkit.train.pipeline import plain
 
-    dst = Path(cfg.dst)
+    family, task, dst = cfg.family, cfg.task, cfg.dst
+    if cfg.get("pretrained"):
+        from vlkit.released import PRETRAINED
+
+        entry = PRETRAINED.get(cfg.pretrained)
+        if family is not None and family != entry.family:
+            raise ValueError(f"family={family} conflicts with pretrained={entry.name} (a {entry.family} release)")
+        family, task, dst = entry.family, task or entry.task, dst or entry.directory
+    if dst is None:
+        raise ValueError("vlkit convert needs dst= (the run directory to write) or pretrained= (a named release)")
+    dst = Path(dst)
     refuse_overwrite(dst, cfg.overwrite, "dst")
     tokenizer = build_tokenizer(cfg.tokenizer, key="tokenizer") if cfg.get("tokenizer") else None
     options = dict(plain(cfg.options) or {})
     if cfg.answers:
         options["answers"] = read_answers(cfg.answers)
     config = plain(cfg.config)
-    module, report = from_official(cfg.family, cfg.src, config=config, task=cfg.task, options=options,
-                                   return_report=True)
+    module, report = from_official(family, cfg.src, config=config, task=task, options=options, return_report=True)
     rows = (module if isinstance(module, VLModel) else module.model).vocab_size
     if tokenizer is not None and len(tokenizer) != rows:
         raise TokenizerError(f"tokenizer={cfg.tokenizer} has {len(tokenizer)} tokens but {cfg.src} has {rows} word "

@@ -317,11 +317,15 @@ def split_model_config(cfg: Mapping) -> tuple[str, str | None, dict[str, Any]]:
     return name, preset, {k: v for k, v in cfg.items() if v is not None}
 
 
-def build_model(name_or_cfg: Any, preset: str | None = None, **overrides: Any) -> VLModel:
+def build_model(name_or_cfg: Any, preset: str | None = None, pretrained: str | None = None, **overrides: Any) -> VLModel:
     """``build_model("uniter", preset="tiny", num_hidden_layers=4)``, ``build_model(cfg_mapping)``
     (a ``{name, preset, <field>: value}`` mapping such as the ``model`` node of a command config; the
     arguments override its values) or ``build_model(config_dataclass)`` (a resolved config: ``preset=``
-    must be its own, field arguments replace its values)."""
+    must be its own, field arguments replace its values). ``build_model("uniter", pretrained="base.official")``
+    loads the family's named released weights (`vlkit.released.PRETRAINED`, ``vlkit.list_pretrained()``) from
+    their converted run on disk; nothing is downloaded."""
+    if pretrained is not None:
+        return load_pretrained(name_or_cfg, pretrained, preset, overrides)
     if isinstance(name_or_cfg, ModelConfig):
         if preset is not None and preset != name_or_cfg.preset:
             raise ValueError(f"build_model: the {name_or_cfg.family} config is preset {name_or_cfg.preset!r}, not "
@@ -334,6 +338,27 @@ def build_model(name_or_cfg: Any, preset: str | None = None, **overrides: Any) -
         return build_model(name, preset or cfg_preset, **{**cfg_overrides, **overrides})
     cls = MODELS.get(name_or_cfg)
     return cls(cls.config_class.from_preset(preset, **overrides))
+
+
+def load_pretrained(family: Any, tag: str, preset: str | None = None, overrides: Mapping[str, Any] | None = None
+                    ) -> VLModel:
+    """The model of the named weights ``<family>/<tag>``, from the run `vlkit convert` wrote for them."""
+    from vlkit.released import known_file, pretrained_weights
+
+    if not isinstance(family, str):
+        raise TypeError(f"build_model(pretrained={tag!r}) takes a family name, not {type(family).__name__}")
+    entry = pretrained_weights(family, tag)
+    if preset is not None and preset != tag.split(".")[0]:
+        raise ValueError(f"build_model: pretrained={tag!r} is preset {tag.split('.')[0]!r}, not preset={preset!r}")
+    if overrides:
+        raise ValueError(f"build_model: pretrained={tag!r} fixes the config; {', '.join(sorted(overrides))} cannot be "
+                         "overridden (build the model, then change it)")
+    if not entry.converted:
+        released = known_file(entry.file)
+        where = f" (released at {released.source})" if released else ""
+        raise FileNotFoundError(f"{entry.name}: not converted yet: no run in {entry.directory}; convert the released "
+                                f"{entry.file}{where} once with: {entry.convert_command()}")
+    return from_pretrained(entry.directory / "model")
 
 
 def list_presets() -> list[str]:
