@@ -38,7 +38,7 @@ def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = No
         env = comparison.environment(spec)
         model_key = json.dumps(spec.model, sort_keys=True)
         if model_key not in models:
-            models[model_key] = pipeline.build_run_model(env, spec.model)
+            models[model_key] = pipeline.build_run_model(env)
         model = models[model_key]
         stage = "pretrain" if unit.is_pretrain else "finetune"
         extra = spec.trainer if unit.is_pretrain else (comparison.compare["trainer"].get("tasks") or {}).get(unit.task)

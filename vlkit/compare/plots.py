@@ -99,8 +99,8 @@ def plot_alignment(output_dir: Path, pre: Any, env: Any, image_index: int = 0) -
     """The word-region alignment of the objective of a run's mix that shows one (`Objective.alignment`: WRA's
     transport plan, words x regions, with a colour bar) beside its image with the numbered region boxes and
     the caption, for one example of the run's pre-training data: ``<objective>_plan.png``."""
-    shown = pre.shown_alignment()
-    if env.world is None or shown is None:
+    objective = pre.shown_alignment()
+    if env.world is None or objective is None:
         return None
     plt = _pyplot()
     dataset = pipeline.pretraining_dataset(env)
@@ -108,7 +108,7 @@ def plot_alignment(output_dir: Path, pre: Any, env: Any, image_index: int = 0) -
     batch = dataset.collator()([example])
     pre.eval()
     with torch.no_grad():
-        plan = shown.alignment(pre.model(batch))
+        plan = objective.alignment(pre.model(batch))
     tokens = env.tokenizer.convert_ids_to_tokens(batch.input_ids[0].tolist())
     image = env.world.load_image(example["image_id"])
     boxes = batch.region_boxes[0] * torch.tensor([image.width, image.height] * 2)
@@ -126,11 +126,11 @@ def plot_alignment(output_dir: Path, pre: Any, env: Any, image_index: int = 0) -
     right.set_xticks(range(shown.shape[1]))
     right.set_xticklabels([str(j) for j in range(shown.shape[1])], fontsize=6)
     right.set_xlabel("region")
-    fig.colorbar(heat, ax=right, label=shown.alignment_unit)
+    fig.colorbar(heat, ax=right, label=objective.alignment_unit)
     caption = dataset.data[image_index]["caption"]
-    fig.suptitle(f"{shown.alignment_title}: \"{caption}\"", fontsize=8, wrap=True)
+    fig.suptitle(f"{objective.alignment_title}: \"{caption}\"", fontsize=8, wrap=True)
     fig.tight_layout()
-    path = output_dir / f"{shown.name}_plan.png"
+    path = output_dir / f"{objective.name}_plan.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

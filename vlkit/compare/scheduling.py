@@ -153,7 +153,7 @@ class Comparison:
         env = self.environment(spec)
         steps = self.compare["budget"]["pretrain_steps"]
         set_seed(seed)
-        model = pipeline.build_run_model(env, spec.model)
+        model = pipeline.build_run_model(env)
         seen: list[str] = []
         start = time.perf_counter()
         out_dir = self.unit_dir(unit)
@@ -207,7 +207,7 @@ class Comparison:
         steps = self.compare["budget"]["finetune_steps"][task]
         set_seed(seed)
         parent = unit.depends_on()
-        model = pipeline.load_pretraining(self.unit_dir(parent)) if parent else pipeline.build_run_model(env, spec.model)
+        model = pipeline.load_pretraining(self.unit_dir(parent)) if parent else pipeline.build_run_model(env)
         out_dir = self.unit_dir(unit)
         seen: list[str] = []
         start = time.perf_counter()

@@ -68,7 +68,7 @@ def _prepare(cfg, model_cfg: dict[str, Any], check: Any, overrides: Sequence[str
     data = _run_data(cfg.data, cfg.get("init"), cfg.data.get("tokenizer"), explicit_keys(overrides))
     env = pipeline.prepare_environment(model_cfg, data, cfg.get("cache_dir"))
     set_seed(cfg.trainer.seed)  # after the environment: a first feature extraction draws from the global RNG
-    model = pipeline.build_run_model(env, model_cfg, cfg.get("init"))
+    model = pipeline.build_run_model(env, cfg.get("init"))
     check.check_tokenizer(env.tokenizer, env.data["tokenizer"], model, cfg.get("init"))
     return env, model
 

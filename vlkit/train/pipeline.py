@@ -8,6 +8,7 @@ data against the model is reported at once, before anything is trained or writte
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any, Mapping
 
 import torch
 
-from vlkit.models.base import VLModel, split_model_config, from_pretrained
+from vlkit.models.base import ModelConfig, VLModel, from_pretrained, split_model_config
 from vlkit.registry import DATASETS, MODELS, TASKS
 from vlkit.train.resume import run_record
 from vlkit.validate import DataError, SkipLog
@@ -52,13 +53,15 @@ def shapes_feature_store(world: Any, directory: Path, progress: bool = True) -> 
 
 @dataclass
 class Environment:
-    """The data side of a run, resolved for one model family: the data config (with the image
-    source the family needs), the shapes world when ``data=shapes``, the tokenizer and image source."""
+    """The data side of a run, resolved for one model: the data config (with the image source the family
+    needs), the shapes world when ``data=shapes``, the tokenizer and image source, and the model's
+    configuration (``model``: the family's `ModelConfig`, resolved once with the sizes the data decides)."""
 
     data: dict[str, Any]
     world: Any
     tokenizer: Any
     image_source: Any
+    model: ModelConfig
     pairs: Any = None  # the pre-training pairs, once built (`pretraining_dataset`)
 
     @property
@@ -66,46 +69,46 @@ class Environment:
         """What ``data.on_error=skip`` left out of the task data (the pre-training pairs keep their own)."""
         return self.image_source.skips
 
-    def model_overrides(self, model_cfg: Mapping[str, Any]) -> dict[str, Any]:
-        """Sizes the data decides, under the config fields the family declares for them
-        (`VLModel.data_fields`): the tokenizer's vocabulary and the feature store's feature / class
-        dimensions. A model key set explicitly keeps its value when the data allows it (a vocabulary at
-        least the tokenizer's); a conflict is an error."""
-        name, _, overrides = split_model_config(model_cfg)
-        fields = MODELS.get(name).data_fields(overrides)
-        sizes: dict[str, int] = {"vocab_size": len(self.tokenizer)}
-        store = getattr(self.image_source, "store", None)
-        if store is not None:
-            sizes["region_feature_size"] = store.feature_dim
-            if store.num_classes:
-                sizes["region_classes"] = store.num_classes
-        out: dict[str, Any] = {}
-        for size, value in sizes.items():
-            key = fields.get(size)
-            if key is None:
-                continue
-            given = overrides.get(key)
-            if given is not None and (given < value if size == "vocab_size" else given != value):
-                source = "the tokenizer has" if size == "vocab_size" else "the feature store gives"
-                raise ValueError(f"model.{key}={given} conflicts with the data: {source} {value}")
-            out[key] = value
-        return {k: v for k, v in out.items() if k not in overrides}
+
+def data_sizes(cls: type[VLModel], overrides: Mapping[str, Any], tokenizer: Any, image_source: Any) -> dict[str, Any]:
+    """Sizes the data decides, under the config fields the family declares for them
+    (`VLModel.data_fields`): the tokenizer's vocabulary and the feature store's feature / class
+    dimensions. A model key set explicitly (``overrides``) keeps its value when the data allows it (a
+    vocabulary at least the tokenizer's); a conflict is an error."""
+    fields = cls.data_fields(overrides)
+    sizes: dict[str, int] = {"vocab_size": len(tokenizer)}
+    store = getattr(image_source, "store", None)
+    if store is not None:
+        sizes["region_feature_size"] = store.feature_dim
+        if store.num_classes:
+            sizes["region_classes"] = store.num_classes
+    out: dict[str, Any] = {}
+    for size, value in sizes.items():
+        key = fields.get(size)
+        if key is None:
+            continue
+        given = overrides.get(key)
+        if given is not None and (given < value if size == "vocab_size" else given != value):
+            source = "the tokenizer has" if size == "vocab_size" else "the feature store gives"
+            raise ValueError(f"model.{key}={given} conflicts with the data: {source} {value}")
+        out[key] = value
+    return {k: v for k, v in out.items() if k not in overrides}
 
 
 def prepare_environment(model_cfg: Mapping[str, Any], data_cfg: Mapping[str, Any], cache: str | None = None,
                         progress: bool = True) -> Environment:
-    """Resolve ``data_cfg`` for the family of ``model_cfg``: the tokenizer first (``data.tokenizer``, null: the
+    """Resolve ``model_cfg`` and ``data_cfg`` together, once: the tokenizer first (``data.tokenizer``, null: the
     family's official one, `vlkit.data.tokenizers.family_tokenizer`; the resolved name is written back into
     the data config), so that a missing one fails before any other work; region families on the shapes world
     get the shipped detector's features (extracted once, cached); pixel families get images resized to the
-    model's input size."""
+    model's input size; the model's configuration then takes the sizes the data decides (`data_sizes`)."""
     from vlkit.data.images import build_image_source
     from vlkit.data.tokenizers import build_tokenizer, family_tokenizer
 
     data = plain(data_cfg)
-    name, preset, overrides = split_model_config(model_cfg)
+    name, preset, overrides = split_model_config(plain(model_cfg))
     cls = MODELS.get(name)
-    config = cls.config_class.from_preset(preset, **{k: v for k, v in overrides.items()})
+    config = cls.config_class.from_preset(preset, **overrides)
     data["tokenizer"] = str(data.get("tokenizer") or family_tokenizer(cls, config))
     tokenizer = build_tokenizer(data["tokenizer"])
     image = data.setdefault("image", {})
@@ -127,18 +130,20 @@ def prepare_environment(model_cfg: Mapping[str, Any], data_cfg: Mapping[str, Any
             image[key] = value
     elif image.get("source") != "features":
         raise ValueError(f"{name} takes region features: set data.image.source=features and data.image.path")
-    return Environment(data, world, tokenizer, build_image_source(image, world, data.get("on_error") or "raise"))
+    source = build_image_source(image, world, data.get("on_error") or "raise")
+    config = dataclasses.replace(config, **data_sizes(cls, overrides, tokenizer, source))
+    return Environment(data, world, tokenizer, source, config)
 
 
-def build_run_model(env: Environment, model_cfg: Mapping[str, Any], init: str | None = None) -> VLModel:
+def build_run_model(env: Environment, init: str | None = None) -> VLModel:
     """The model of a run: ``from_pretrained(init/model)`` when ``init`` names a pre-training run (or a
-    saved model directory), else built from ``model_cfg`` with the data's sizes."""
+    saved model directory), else built from the environment's resolved configuration (``env.model``)."""
     from vlkit.models.base import build_model
 
     if init:
         init_path = Path(init)
         return from_pretrained(init_path / "model" if (init_path / "model").is_dir() else init_path)
-    return build_model(plain(model_cfg), **env.model_overrides(plain(model_cfg)))
+    return build_model(env.model)
 
 
 def pretraining_dataset(env: Environment):
