@@ -137,13 +137,14 @@ def prepare_environment(model_cfg: Mapping[str, Any], data_cfg: Mapping[str, Any
 
 def build_run_model(env: Environment, init: str | None = None) -> VLModel:
     """The model of a run: ``from_pretrained(init/model)`` when ``init`` names a pre-training run (or a
-    saved model directory), else built from the environment's resolved configuration (``env.model``)."""
+    saved model directory), else built from a copy of the environment's resolved configuration (``env.model``:
+    a model keeps its config and may change it, e.g. NLVR2's extra image token type)."""
     from vlkit.models.base import build_model
 
     if init:
         init_path = Path(init)
         return from_pretrained(init_path / "model" if (init_path / "model").is_dir() else init_path)
-    return build_model(env.model)
+    return build_model(copy.deepcopy(env.model))
 
 
 def pretraining_dataset(env: Environment):
