@@ -4,7 +4,8 @@ Built-in entries register themselves when their module is imported; third-party 
 entries through the ``vlkit.plugins`` entry-point group (each entry point is imported, and called
 if it is callable). Task heads are keyed by ``(task, family)`` (`HeadRegistry`): a family registers
 its own heads beside its model, and a task falls back to the generic heads registered without a
-family.
+family. Converters of released checkpoints are keyed by family with the key signature of its files
+(`ConverterRegistry`), which also answers which family a state dict is.
 """
 from __future__ import annotations
 

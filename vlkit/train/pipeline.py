@@ -371,7 +371,7 @@ def finetune_task(env: Environment, model: Any, task_cfg: Mapping[str, Any], tra
     result = _fit(task, data.train, collate, trainer_cfg, output_dir, seed, seen, getattr(data.train, "lengths", None),
                   data_source(env), run)
     metrics = evaluate_task(task, data, eval_splits, task_cfg.get("eval_batch_size", 64))
-    info = {"kind": "finetune", "task": name, "family": task.model.family, "options": _jsonable(options),
+    info = {"kind": "finetune", "task": name, "family": task.model.family, "options": recordable_options(options),
             "seed": seed, "data": env.data, "task_cfg": task_cfg, "steps": result.step, "metrics": metrics,
             "pretraining": pretraining}
     save_run(Path(output_dir), task, info, env.tokenizer)
@@ -419,5 +419,7 @@ def evaluate_task(task: Any, data: Any, splits: tuple[str, ...], batch_size: int
     return out
 
 
-def _jsonable(options: dict[str, Any]) -> dict[str, Any]:
+def recordable_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The task options ``run.json`` records (those JSON holds as they are; the ITM module or the pre-ranking
+    data a task was given are rebuilt, not recorded). Metric values are made JSON by `vlkit.train.logging`."""
     return {k: v for k, v in options.items() if isinstance(v, (str, int, float, bool, list, dict, type(None)))}
