@@ -2,6 +2,7 @@
 local instance started on 127.0.0.1) reproduce the local executor's records; the sbatch script of a
 2-node x 8-GPU unit asks for its resources and launches one task per GPU; a dry run prints the plan."""
 import os
+import re
 import socket
 import subprocess
 
@@ -11,7 +12,7 @@ from vlkit.cli import main
 
 from compare_helpers import records, untimed
 
-SMALL = ["compare=smoke", "compare.seeds=[0]", "compare.tasks=[vqa,nlvr2]", "threads=1", "progress=false"]
+SMALL = ["compare=smoke", "compare.seeds=[0]", "compare.tasks=[vqa,nlvr2]", "progress=false"]  # threads: the default
 
 
 @pytest.fixture(scope="module")
@@ -19,6 +20,14 @@ def local_records(tmp_path_factory):
     root = tmp_path_factory.mktemp("executors")
     assert main(["compare", *SMALL, f"output_dir={root / 'local'}", f"cache_dir={root / 'cache'}", "workers=2"]) == 0
     return root, [untimed(r) for r in records(root / "local")]
+
+
+def test_every_unit_runs_on_one_torch_thread_by_default(local_records):
+    """A spawned worker starts with torch's default (every core): two of them on two cores, each with two
+    threads, ran the default comparison many times slower. `threads` null means one per unit."""
+    root, _ = local_records
+    logs = [p.read_text() for p in (root / "local" / "runs").glob("*/*/*/unit.log")]
+    assert logs and all(re.search(r"^--- .*: attempt \d+, pid \d+, 1 torch thread\(s\)$", log, re.M) for log in logs)
 
 
 @pytest.mark.slow

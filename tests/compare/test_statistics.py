@@ -23,7 +23,8 @@ def records(effects: dict[tuple[str, str], float], seeds=(0, 1, 2, 3, 4), noise=
             r = {"run": run, "variant": variant, "family": run.split("-")[0], "preset": "tiny", "objectives": None,
                  "seed": s, "vqa": shared[s] + effect + rng.normal(0, noise), "nlvr2": 0.6 + rng.normal(0, 0.05)}
             if chance:
-                r.update(vqa_majority_baseline=0.187, nlvr2_majority_baseline=0.5)
+                r.update(vqa_majority_baseline=0.187, vqa_blind_baseline=0.3, nlvr2_majority_baseline=0.5,
+                         vqa_yes_no=r["vqa"] + 0.1, vqa_blind_yes_no=0.62, vqa_prior_yes_no=0.64)
             out.append(r)
     return out
 
@@ -110,11 +111,15 @@ def test_results_json_is_strict_and_carries_chance_levels(tmp_path):
         raise AssertionError(f"results.json holds {constant}")
 
     data = json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)
-    assert data["chance"] == pytest.approx({"vqa": 0.187, "nlvr2": 0.5})
+    # VQA's chance level is the question-only model's, overall and per answer type
+    assert data["chance"] == pytest.approx({"vqa": 0.3, "vqa_yes_no": 0.62, "nlvr2": 0.5})
     assert data["records"][0]["meta_sum"] is None and data["records"][1]["nlvr2"] is None
     assert "vqa" in data["detectable_effects"] and data["detectable_effects"]["vqa"]["mde"] > 0
     md = (tmp_path / "results.md").read_text()
-    assert "Chance or trivial-baseline level" in md and "vqa 18.7" in md
+    assert "Chance or trivial-baseline level" in md and "vqa 30.0" in md and "vqa_yes_no 62.0" in md
+    section = md.split("## VQA per answer type", 1)[1].split("##", 1)[0]
+    assert "| a | pretrained |" in section and "vqa_yes_no" in section
+    assert "`vqa_blind_*`, Antol et al.'s BoW Q) yes_no 62.0" in section and "(`vqa_prior_*`) yes_no 64.0" in section
     assert "no baseline" in md and "Minimum detectable effect at 5 seeds" in md
     assert "pre-training beats scratch for a" in md
     assert (tmp_path / "metrics.png").stat().st_size > 0
@@ -122,7 +127,7 @@ def test_results_json_is_strict_and_carries_chance_levels(tmp_path):
 
 def test_chance_levels_and_meta_sum_chance():
     recs = [{"run": "r", "variant": "pretrained", "family": "f", "preset": "tiny", "objectives": None, "seed": 0,
-             "vqa_majority_baseline": 0.2, "ir_r1_chance": 0.0025,
+             "vqa_blind_baseline": 0.2, "vqa_majority_baseline": 0.1, "ir_r1_chance": 0.0025,
              "tr_r1_chance": 0.0025, "nlvr2_majority_baseline": 0.5, "refexp_random_box": 0.19}]
     chance = chance_levels(recs)
     assert chance["meta_sum"] == pytest.approx(0.2 + 0.0025 + 0.0025 + 0.5 + 0.19)

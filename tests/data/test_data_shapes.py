@@ -147,6 +147,106 @@ def test_vqa_needs_the_image():
     assert set(COLORS) | set(KINDS) | {"yes", "no", "0", "1", "2"} <= set(answers)
 
 
+_TEMPLATES = {"color": r"what color is .+", "shape": r"what shape is .+", "count": r"how many .+",
+              "exist": r"is there .+", "side_h": r"is .+ to the left or to the right of .+", "side_v": r"is .+ above or below .+",
+              "relation": r"is .+ (to the left of|to the right of|above|below) .+"}
+
+
+def _template(question: str) -> str:
+    return next(name for name, pattern in _TEMPLATES.items() if re.fullmatch(pattern + r"\?", question))
+
+
+def _attributes_named(question: str) -> tuple[bool, bool, bool]:
+    words = set(question.rstrip("?").split())
+    return (bool(words & {*KINDS, *(k + "s" for k in KINDS), "crosses"}), bool(words & set(COLORS)), bool(words & set(SIZES)))
+
+
+@pytest.fixture(scope="module")
+def balanced():
+    """The default comparison's world: 600 training, 400 evaluation images."""
+    w = ShapesWorld(seed=0, num_images=600, val_images=400)
+    return w, {s: [q for i in w.indices(s) for q in w.vqa(i)] for s in ("train", "val")}
+
+
+def test_vqa_answers_balanced_per_template_and_attributes(balanced):
+    """VQA v2's balancing: each template's answers equally likely on each split, also given the attributes the
+    question names (what a question-only model could read), so yes/no is 50/50 and counts uniform over 0..3."""
+    w, splits = balanced
+    for split, questions in splits.items():
+        by_template: dict[str, Counter] = {}
+        by_named: dict[tuple, Counter] = {}
+        for q in questions:
+            t = _template(q["question"])
+            by_template.setdefault(t, Counter())[q["multiple_choice_answer"]] += 1
+            if t in ("exist", "count"):
+                by_named.setdefault((t, _attributes_named(q["question"])), Counter())[q["multiple_choice_answer"]] += 1
+        expected = {"color": set(COLORS), "shape": set(KINDS), "count": {"0", "1", "2", "3"}, "exist": {"yes", "no"},
+                    "relation": {"yes", "no"}, "side_h": {"left", "right"}, "side_v": {"above", "below"}}
+        for t, counts in by_template.items():
+            assert set(counts) == expected[t], (split, t, counts)
+            least, most = min(counts.values()), max(counts.values())
+            assert least >= (0.7 if t == "count" else 0.9) * most, (split, t, counts)  # count 3 is the rarest scene
+        for t in ("exist", "relation"):
+            assert abs(by_template[t]["yes"] - by_template[t]["no"]) <= 2, (split, by_template[t])
+        for key, counts in by_named.items():
+            if sum(counts.values()) >= 40:
+                share = max(counts.values()) / sum(counts.values())
+                assert share <= (0.6 if key[0] == "exist" else 0.4), (split, key, counts)
+    assert len(splits["val"]) == 5 * 400
+
+
+def test_balancer_asks_a_question_of_complementary_images():
+    from vlkit.data.shapes.balance import AnswerBalancer, Candidate
+
+    balancer = AnswerBalancer({"exist": ("yes", "no")})
+
+    def image(*answers):  # one image's candidates, in preference order: (key, answer)
+        return [Candidate("exist", key, answer, f"{key}={answer}") for key, answer in answers]
+
+    assert balancer.pick(image(("red", "yes"), ("blue", "no"))).annotation == "red=yes"
+    # "red" was answered yes: another image where it is yes is asked "blue" (no) instead ...
+    assert balancer.pick(image(("red", "yes"), ("blue", "no"))).annotation == "blue=no"
+    # ... and one where it is no is asked it: the same question on complementary images
+    assert balancer.pick(image(("blue", "yes"), ("red", "no"))).annotation == "blue=yes"
+    assert balancer.pick(image(("blue", "yes"), ("red", "no"))).annotation == "red=no"  # the template wants a no
+    assert balancer.pick(image(("red", "yes"))).annotation == "red=yes"
+    # nothing keeps both balanced: the least harm, to the key first ("red": yes 2, no 1), the template second
+    assert balancer.pick(image(("red", "yes"), ("blue", "yes"))).annotation == "blue=yes"
+    assert balancer.pick(image(("red", "maybe"))) is None  # outside the template's answers
+    assert dict(balancer.counts["template", "exist"]) == {"yes": 4, "no": 2}
+
+
+def test_vqa_balancing_is_per_split_and_order_free(balanced):
+    w, splits = balanced
+    again = ShapesWorld(seed=0, num_images=600, val_images=400)
+    assert [again.vqa(i) for i in reversed(w.indices("val"))][::-1] == [w.vqa(i) for i in w.indices("val")]
+    # one balancer per split, in index order: an image's questions depend on the images before it in its split
+    # only, so neither another split's size nor the images after it change them
+    other = ShapesWorld(seed=0, num_images=600, val_images=100)
+    assert [other.vqa(i) for i in range(700)] == [w.vqa(i) for i in range(700)]
+
+
+def test_refexp_referents_stand_among_objects_like_them(world):
+    """RefCOCO refers to objects among others of their category: of the objects a unique description picks
+    out, the referents are the most confusable ones (another object of the same kind and colour, else of the
+    same kind or colour)."""
+    def confusable(scene, k):
+        others = [o for j, o in enumerate(scene.objects) if j != k]
+        target = scene.objects[k]
+        if any(o.kind == target.kind and o.color == target.color for o in others):
+            return 2
+        return int(any(o.kind == target.kind or o.color == target.color for o in others))
+
+    among_alike = 0
+    for i in range(NUM_IMAGES):
+        scene, refs = world.scene(i), world.refexps(i)
+        describable = world._unique_refs(scene, positional=True)
+        scores = sorted((confusable(scene, k) for k in describable), reverse=True)
+        assert [confusable(scene, r["object_index"]) for r in refs] == scores[:len(refs)], i
+        among_alike += bool(refs) and confusable(scene, refs[0]["object_index"]) > 0
+    assert among_alike >= NUM_IMAGES // 3
+
+
 def test_every_refexp_box_is_its_objects_box(world, reader):
     n_refs = 0
     for i in range(NUM_IMAGES):
@@ -190,15 +290,23 @@ def test_captions_name_every_object_by_colour_and_kind(world, reader):
     assert other_fits / checked < 0.01
 
 
+NLVR2_PATTERNS = {"count_side": r"the (left|right) image contains exactly .+\.", "has_side": r"the (left|right) image contains .+\.",
+                  "both": r"both images contain .+\.", "total": r"the two images contain .+ in total\.",
+                  "more": r"the left image has more .+", "fewer": r"the left image has fewer .+",
+                  "only_one": r"only one image contains .+\.", "neither": r"neither image contains .+\."}
+
+
 def test_nlvr2_pairs_and_balanced_labels(reader):
     w = ShapesWorld(seed=2, num_images=300)
-    labels = Counter()
+    labels, per_template = Counter(), {}
     for j in range(300):
         rec = w.nlvr2(j)
         left, right = int(rec["left_image"]), int(rec["right_image"])
         assert left == j and right != j and w.split(right) == w.split(j)
         assert rec["identifier"].startswith(w.split(j) + "-")
         labels[rec["label"]] += 1
+        template = next(t for t, pattern in NLVR2_PATTERNS.items() if re.fullmatch(pattern, rec["sentence"]))
+        per_template.setdefault(template, Counter())[rec["label"]] += 1
         if m := re.fullmatch(r"the (left|right) image contains (a|an) (.+)\.", rec["sentence"]):
             scene = w.scene(left if m.group(1) == "left" else right)
             size, color, kind, _ = reader.parse_phrase(m.group(3))
@@ -206,6 +314,8 @@ def test_nlvr2_pairs_and_balanced_labels(reader):
         if rec["sentence"] == "the left image has more shapes than the right image.":
             assert (rec["label"] == "True") == (len(w.scene(left).objects) > len(w.scene(right).objects))
     assert set(labels) == {"True", "False"} and abs(labels["True"] - 150) < 30
+    for template, counts in per_template.items():  # balanced per statement template, not only overall
+        assert abs(counts["True"] - counts["False"]) <= max(3, 0.1 * sum(counts.values())), (template, counts)
 
 
 def test_snli_ve_balanced_and_true(world, reader):

@@ -17,8 +17,8 @@ from shapes_helpers import (FAMILIES, first_batch, region_store, shapes_cfg, sha
                             train_steps, world_store)
 from vlkit.data.images import RegionSource
 from vlkit.data.shapes import ShapesWorld, write_shapes
-from vlkit.tasks.vqa import (HeadTask, VQATask, answer_vocabulary, classification_loss, shapes_vqa_records,
-                             soft_scores)
+from vlkit.tasks.vqa import (HeadTask, VQATask, answer_vocabulary, baseline_accuracies, classification_loss,
+                             question_only_answers, question_type_prior, shapes_vqa_records, soft_scores)
 
 # --------------------------------------------------------------------------------------------
 # Fixtures
@@ -252,6 +252,42 @@ def test_evaluate_gives_the_official_accuracy_on_hand_checked_questions(vqa_file
 
 
 # --------------------------------------------------------------------------------------------
+# Question-only baselines
+# --------------------------------------------------------------------------------------------
+def _record(question: str, answer: str, answer_type: str, question_type: str) -> dict:
+    return {"question": question, "answers": [answer] * 10, "multiple_choice_answer": answer,
+            "answer_type": answer_type, "question_type": question_type}
+
+
+def test_question_only_model_reads_what_a_question_gives_away():
+    """A planted leak: the colour named in an "is there" question decides its answer. The bag-of-words
+    model finds it; the per-question-type prior cannot; the scores are the official accuracy."""
+    colors = ["red", "green", "blue", "cyan"]
+    train = [_record(f"is there a {c} {k}?", "yes" if c in ("red", "green") else "no", "yes/no", "is there a")
+             for c in colors for k in ("circle", "square", "cross", "diamond", "triangle") for _ in range(3)]
+    train += [_record("how many circles are there?", str(n), "number", "how many") for n in (1, 2, 2)]
+    val = [_record(f"is there a {c} shape?", "yes" if c in ("red", "green") else "no", "yes/no", "is there a")
+           for c in colors]
+    answers = answer_vocabulary(train)
+    assert question_only_answers(train, [r["question"] for r in val], answers) == ["yes", "yes", "no", "no"]
+    assert question_type_prior(train, val + train[-1:]) == ["no"] * 4 + ["2"]  # ties: alphabetical
+    out = baseline_accuracies(train, val, answers, "2021")
+    assert out["vqa_blind_yes_no"] == pytest.approx(1.0) and out["vqa_prior_yes_no"] == pytest.approx(0.5)
+    assert baseline_accuracies(train, [{**r, "answers": []} for r in val], answers, "2021") == {}  # test-dev
+
+
+def test_shapes_questions_give_nothing_away_beyond_their_type():
+    """The balanced world: the question-only model scores within 5 points of the per-question-type prior on
+    every answer type (the default comparison's splits)."""
+    w = ShapesWorld(seed=0, num_images=600, val_images=400)
+    train, val = ([r for i in w.indices(s) for r in shapes_vqa_records(w, i)] for s in ("train", "val"))
+    out = baseline_accuracies(train, val, answer_vocabulary(train), "2021")
+    for kind in ("yes_no", "number", "other"):
+        assert abs(out[f"vqa_blind_{kind}"] - out[f"vqa_prior_{kind}"]) <= 0.05, (kind, out)
+    assert out["vqa_prior_yes_no"] < 0.7 and out["vqa_prior_number"] < 0.45  # no answer dominates its type
+
+
+# --------------------------------------------------------------------------------------------
 # Learning on the shapes world
 # --------------------------------------------------------------------------------------------
 def test_uniter_learns_vqa_on_shapes_well_above_the_majority_answer(shapes_data):
@@ -264,4 +300,5 @@ def test_uniter_learns_vqa_on_shapes_well_above_the_majority_answer(shapes_data)
     after = task.evaluate(data.eval["val"])
     assert after["vqa_majority_baseline"] == before["vqa_majority_baseline"] > 0.1
     assert after["vqa"] > after["vqa_majority_baseline"] + 0.1, after
+    assert after["vqa_blind_baseline"] == before["vqa_blind_baseline"] < after["vqa"], after
     assert after["vqa"] > before["vqa"] + 0.1

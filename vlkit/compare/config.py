@@ -44,6 +44,12 @@ def resolve_config(cfg: Any) -> dict[str, Any]:
     return cfg
 
 
+def unit_threads(cfg: dict[str, Any]) -> int:
+    """Torch threads of each unit's process (``threads``; null: 1, tiny models gain nothing from more and two
+    workers of two threads each on two cores run many times slower)."""
+    return int(cfg.get("threads") or 1)
+
+
 def comparison_file(path: str | Path) -> str:
     """A comparison file of the user's (``compare=<path.yaml>``) as the text of a ``compare`` group option.
 

@@ -31,9 +31,11 @@ class ExecutorSettings:
     ``compare.slurm`` / ``compare.ray`` blocks."""
 
     def __init__(self, cfg: dict[str, Any]):
+        from vlkit.compare.config import unit_threads
+
         compare = cfg["compare"]
         self.workers = int(cfg.get("workers") or min(2, os.cpu_count() or 1))
-        self.threads = int(cfg.get("threads") or 1)
+        self.threads = unit_threads(cfg)
         self.gpus_per_unit = int(compare.get("gpus_per_unit") or 0)
         self.slurm = dict(compare.get("slurm") or {})
         self.ray = dict(compare.get("ray") or {})

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vlkit.compare.plots import plot_results
-from vlkit.compare.statistics import (ALPHA, COSTS, HEADLINE, chance_levels, detectable_effects, pairwise_tests,
-                                      scratch_tests, summarize)
+from vlkit.compare.statistics import (ALPHA, COSTS, HEADLINE, VQA_ANSWER_TYPES, chance_levels, detectable_effects,
+                                      pairwise_tests, scratch_tests, summarize)
 
 COST_LABELS = {"params": "params", "train_samples_per_s": "train samples/s", "latency_ms": "latency ms/ex",
                "wall_s": "wall s"}
@@ -111,8 +111,25 @@ def chance_note(chance: dict[str, float]) -> str:
         return ""
     parts = [f"{m} {c * POINTS:.1f}" for m, c in chance.items()]
     return ("Chance or trivial-baseline level of each metric on the evaluation set (points): " + ", ".join(parts)
-            + " (VQA: the majority answer; RefExp: a random candidate box; NLVR2 / SNLI-VE: the majority label; "
+            + " (VQA and its answer types: a question-only model, `vqa_blind_*`; RefExp: a random candidate box; NLVR2 / SNLI-VE: the majority label; "
             "R@1: a random ranking; ITM accuracy: balanced matched / mismatched pairs).")
+
+
+def answer_types_section(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[str]:
+    """VQA per answer type, next to the two blind baselines (the same for every run: read from the first record)."""
+    columns = [m for m in VQA_ANSWER_TYPES if any(m in r for r in rows)]
+    if not columns:
+        return []
+    first = next(r for r in records if columns[0] in r)
+
+    def baseline(name: str) -> str:
+        return ", ".join(f"{m.removeprefix('vqa_')} {first[k] * POINTS:.1f}" for m in columns
+                         if isinstance(first.get(k := m.replace("vqa_", f"vqa_{name}_")), (int, float)))
+
+    return ["## VQA per answer type", "", results_table(rows, columns), "",
+            f"Question-only baselines on the same questions (points): a bag-of-words model of the question (`vqa_blind_*`, "
+            f"Antol et al.'s BoW Q) {baseline('blind') or '–'}; the most common answer of the question's type "
+            f"(`vqa_prior_*`) {baseline('prior') or '–'}.", ""]
 
 
 def detectable_note(mde: dict[str, dict[str, float]], seeds: int) -> str:
@@ -178,6 +195,7 @@ def write_outputs(output_dir: Path, cfg: dict[str, Any], records: list[dict[str,
              "Metrics in points (mean ± 95% t-interval over seeds). `itm_acc`: the pre-training ITM head on held-out "
              "pairs; `zs_*`: zero-shot retrieval with it; `meta_sum`: UNITER's VQA + IR@1 + TR@1 + NLVR2 + RefExp "
              "(– where a task does not apply).", chance_note(result["chance"]), "", table, ""]
+    notes += answer_types_section(rows, records)
     if result["claims"]:
         notes += ["## The papers' claims", "", "Each claim as a paired t-test over seeds (effect = first minus "
                   f"second, in points, ± 95% CI), Holm-corrected over the claims (p < {ALPHA}).", "",

@@ -10,15 +10,19 @@ from typing import Any, Sequence
 HEADLINE = ("itm_acc", "vqa", "ir_r1", "tr_r1", "zs_ir_r1", "zs_tr_r1", "refexp", "nlvr2", "snli_ve", "meta_sum")
 COSTS = ("params", "train_samples_per_s", "latency_ms", "wall_s")
 # record keys holding a metric's chance / trivial-baseline level on the evaluation set: metric -> key
-CHANCE_KEYS = {"vqa": "vqa_majority_baseline", "refexp": "refexp_random_box", "nlvr2": "nlvr2_majority_baseline",
+# (VQA: the question-only model, overall and per answer type)
+VQA_ANSWER_TYPES = ("vqa_yes_no", "vqa_number", "vqa_other")
+CHANCE_KEYS = {"vqa": "vqa_blind_baseline", **{m: m.replace("vqa_", "vqa_blind_") for m in VQA_ANSWER_TYPES},
+               "refexp": "refexp_random_box", "nlvr2": "nlvr2_majority_baseline",
                "snli_ve": "snli_ve_majority_baseline", "ir_r1": "ir_r1_chance", "tr_r1": "tr_r1_chance",
                "zs_ir_r1": "zs_ir_r1_chance", "zs_tr_r1": "zs_tr_r1_chance", "itm_acc": "itm_acc_chance"}
-BOOKKEEPING = {"seed", "refexp_upper_bound", *COSTS, *CHANCE_KEYS.values()}
+BOOKKEEPING = {"seed", "refexp_upper_bound", "vqa_majority_baseline", *COSTS, *CHANCE_KEYS.values()}
+BASELINE_PREFIXES = ("vqa_blind_", "vqa_prior_")  # the question-only baselines per answer type (vlkit.tasks.vqa)
 
 
 def is_bookkeeping(key: str) -> bool:
-    """A record key that is no metric: seeds, costs, chance levels, per-stage wall times (``*_wall_s``)."""
-    return key in BOOKKEEPING or key.endswith("_wall_s")
+    """A record key that is no metric: seeds, costs, chance levels and baselines, per-stage wall times (``*_wall_s``)."""
+    return key in BOOKKEEPING or key.endswith("_wall_s") or key.startswith(BASELINE_PREFIXES)
 ALPHA = 0.05
 POWER = 0.8
 
@@ -200,6 +204,6 @@ def chance_levels(records: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-__all__ = ["ALPHA", "CHANCE_KEYS", "COSTS", "HEADLINE", "chance_levels", "detectable_effects", "holm", "mean_ci",
+__all__ = ["ALPHA", "BASELINE_PREFIXES", "CHANCE_KEYS", "VQA_ANSWER_TYPES", "COSTS", "HEADLINE", "chance_levels", "detectable_effects", "holm", "mean_ci",
            "metric_columns", "min_detectable_effect", "paired_p_value", "paired_test", "pairwise_tests",
            "scratch_tests", "summarize"]

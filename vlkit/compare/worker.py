@@ -64,12 +64,11 @@ def run_job(plan_path: str | Path, key: str) -> dict[str, Any]:
     """Run unit ``key`` of the comparison planned in ``plan_path`` here; see the module docstring."""
     import torch
 
+    from vlkit.compare.config import unit_threads
     from vlkit.compare.units import LOG_FILE, UnitFolder, config_hash
 
     comparison = comparison_of(plan_path)
-    threads = comparison.cfg.get("threads")
-    if threads:
-        torch.set_num_threads(int(threads))
+    torch.set_num_threads(unit_threads(comparison.cfg))  # a spawned worker would otherwise take every core
     unit = _unit_of(comparison, key)
     config = comparison.unit_config(unit)
     unit_hash = config_hash(config)
@@ -77,7 +76,8 @@ def run_job(plan_path: str | Path, key: str) -> dict[str, Any]:
     main = _rank() == 0
     attempt = folder.start(unit_hash, config) if main else 0
     with _captured(folder.directory / (LOG_FILE if main else f"unit.rank{_rank()}.log")) as log:
-        print(f"--- {key}: attempt {attempt}, pid {os.getpid()}", file=log, flush=True)
+        print(f"--- {key}: attempt {attempt}, pid {os.getpid()}, {torch.get_num_threads()} torch thread(s)", file=log,
+              flush=True)
         try:
             result = comparison.run_unit(unit)
         except Exception as err:  # noqa: BLE001 - a failed unit is recorded, the comparison goes on

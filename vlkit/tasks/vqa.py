@@ -4,6 +4,7 @@ BCE-with-logits times the number of answers), and the official VQA accuracy.
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Iterable
@@ -41,6 +42,88 @@ def soft_scores(answers: Sequence[str], answer2label: Mapping[str, int]) -> tupl
     counts = Counter(normalize_answer(a) for a in answers)
     pairs = sorted((answer2label[a], min(1.0, n / 3)) for a, n in counts.items() if a in answer2label)
     return [label for label, _ in pairs], [score for _, score in pairs]
+
+
+def _bag(question: str) -> list[str]:
+    """A question's words and word pairs (lower case)."""
+    words = re.findall(r"[a-z0-9]+", question.lower())
+    return words + [f"{a} {b}" for a, b in zip(words, words[1:])]
+
+
+def question_only_answers(train: Sequence[Mapping[str, Any]], questions: Sequence[str], answers: Sequence[str],
+                          steps: int = 300, batch_size: int = 512, max_features: int = 5000) -> list[str]:
+    """The question-only ("blind") baseline of VQA (Antol et al., 2015, "BoW Q"): a softmax regression from a
+    question's bag of words and word pairs (the ``max_features`` most frequent in ``train``) to its answer
+    in ``answers``, trained on the ``train`` records' target answers (cross-entropy, Adam, ``steps`` batches,
+    from zero weights: deterministic); the answers it gives ``questions``. What it scores above the
+    per-question-type prior is what a question gives away without its image."""
+    answer2label = {a: k for k, a in enumerate(answers)}
+    pairs = [(_bag(r["question"]), answer2label.get(_target_answer(r) or "")) for r in train]
+    pairs = [(bag, label) for bag, label in pairs if label is not None]
+    counts = Counter(f for bag, _ in pairs for f in set(bag))
+    feature = {f: k + 1 for k, f in enumerate(sorted(counts, key=lambda f: (-counts[f], f))[:max_features])}
+
+    def encode(bags: Sequence[list[str]]) -> torch.Tensor:  # [N, longest] feature ids, 0 = padding
+        ids = [[feature[f] for f in bag if f in feature] for bag in bags]
+        out = torch.zeros(len(ids), max((len(x) for x in ids), default=0) or 1, dtype=torch.long)
+        for row, x in zip(out, ids):
+            row[:len(x)] = torch.tensor(x, dtype=torch.long)
+        return out
+
+    weights = nn.EmbeddingBag(len(feature) + 1, len(answers), mode="sum", padding_idx=0)
+    nn.init.zeros_(weights.weight)
+    bias = nn.Parameter(torch.zeros(len(answers)))
+    optimizer = torch.optim.Adam([weights.weight, bias], lr=0.05)
+    inputs, labels = encode([bag for bag, _ in pairs]), torch.tensor([label for _, label in pairs], dtype=torch.long)
+    order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(0))
+    for step in range(steps if pairs else 0):
+        batch = order[(torch.arange(batch_size) + step * batch_size) % len(pairs)]
+        loss = nn.functional.cross_entropy(weights(inputs[batch]) + bias, labels[batch])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    if not questions:
+        return []
+    with torch.no_grad():
+        best = (weights(encode([_bag(q) for q in questions])) + bias).argmax(-1)
+    return [answers[k] for k in best.tolist()]
+
+
+def question_type_prior(train: Sequence[Mapping[str, Any]], records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The per-question-type prior of VQA (Antol et al., 2015): each question answered with the most common
+    train answer of its question type and answer type (the overall most common one for a type train lacks)."""
+    by_type: dict[tuple[str, str], Counter] = {}
+    for r in train:
+        answer = _target_answer(r)
+        if answer is not None:
+            by_type.setdefault((r.get("question_type") or "", r.get("answer_type") or ""), Counter())[answer] += 1
+    overall = sum(by_type.values(), Counter())
+
+    def best(counts: Counter) -> str:
+        return min(counts, key=lambda a: (-counts[a], a))
+
+    prior = {t: best(c) for t, c in by_type.items()}
+    fallback = best(overall) if overall else ""
+    return [prior.get((r.get("question_type") or "", r.get("answer_type") or ""), fallback) for r in records]
+
+
+def baseline_accuracies(train: Sequence[Mapping[str, Any]], records: Sequence[Mapping[str, Any]],
+                        answers: Sequence[str], rules: str) -> dict[str, float]:
+    """The blind baselines of ``records`` (annotated questions), overall and per answer type, as
+    `VQATask.evaluate` reports them: ``vqa_blind_baseline`` / ``vqa_blind_<answer type>``
+    (`question_only_answers`) and ``vqa_prior_baseline`` / ``vqa_prior_<answer type>`` (`question_type_prior`)."""
+    records = [r for r in records if r.get("answers")]
+    if not records:  # test-dev / test-std: nothing to score
+        return {}
+    humans = [r["answers"] for r in records]
+    types = [r.get("answer_type") or "" for r in records]
+    out = {}
+    for name, predicted in (("blind", question_only_answers(train, [r["question"] for r in records], answers)),
+                            ("prior", question_type_prior(train, records))):
+        accuracy = vqa_accuracy(predicted, humans, rules)
+        out[f"vqa_{name}_baseline"] = mean(accuracy)
+        out.update({f"vqa_{name}_{_key(kind)}": v for kind, v in sorted(mean_by(accuracy, types).items()) if kind})
+    return out
 
 
 class VQATargets:
@@ -147,7 +230,8 @@ class VQATask(HeadTask):
         ``vqa_qtype_what_color_is_the``), each the mean of the unrounded per-question scores (the
         10-choose-9 means, as the official code averages per type too, not a single leave-one-out); the
         training soft score (``vqa_soft_score``) and the accuracy of always answering the majority
-        answer (``vqa_majority_baseline``). All fractions."""
+        answer (``vqa_majority_baseline``), and the question-only baselines `build_data` attached to ``data``
+        (`baseline_accuracies`). All fractions."""
         if self.answers is None:
             raise ValueError("task vqa: evaluate needs the answer strings (build the task with answers=)")
         predicted, humans, answer_types, question_types, ids, soft = [], [], [], [], [], []
@@ -167,6 +251,7 @@ class VQATask(HeadTask):
         out = {"vqa": mean(accuracy), "vqa_soft_score": float(torch.cat(soft).mean())}
         if self.majority_answer is not None:
             out["vqa_majority_baseline"] = mean(vqa_accuracy([self.majority_answer] * len(humans), humans, self.rules))
+        out.update(getattr(data, "baselines", {}))  # the question-only baselines of the data (`build_data`)
         for prefix, types in (("vqa_", answer_types), ("vqa_qtype_", question_types)):
             by_type = mean_by(accuracy, types)
             out.update({prefix + _key(kind): by_type[kind] for kind in sorted(set(by_type) - {""})})
@@ -185,5 +270,10 @@ class VQATask(HeadTask):
         max_len = cfg.get("max_len", 40)
         data = {s: _vqa_dataset(recs, answer2label, tokenizer, image_source, max_len,
                                 cfg.get("filter_long", False) and s == "train") for s, recs in splits.items()}
+        if cfg.get("blind_baseline", True):
+            rules = str((cfg.get("options") or {}).get("rules") or "2021")
+            for split, part in data.items():
+                if split != "train":
+                    part.baselines = baseline_accuracies(splits["train"], splits[split], answers, rules)
         train = data.pop("train")
         return TaskData(train=train, eval=data, options={"answers": answers, "majority_answer": answers[0]})

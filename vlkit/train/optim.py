@@ -71,7 +71,8 @@ def param_groups(module: nn.Module, lr: float, weight_decay: float, lr_mult: flo
     lr_mult_head = lr_mult if lr_mult_head is None else lr_mult_head
     model = getattr(module, "model", module)
     prefixes = tuple(getattr(model, "encoder_prefixes", ()))
-    exempt = {id(p) for n, p in module.named_parameters() if n in no_decay_names(module, no_decay)}
+    exempt_names = no_decay_names(module, no_decay)
+    exempt = {id(p) for n, p in module.named_parameters() if n in exempt_names}
     tiers: dict[str, tuple[float, list[nn.Parameter]]] = {
         "encoder": (1.0, []), "cross_modal": (lr_mult, []), "head": (lr_mult_head, [])}
     seen: set[int] = set()

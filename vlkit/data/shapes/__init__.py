@@ -2,12 +2,17 @@
 VQA questions, referring expressions, NLVR2-style statements and SNLI-VE-style hypotheses.
 
 Everything is a pure function of ``(seed, index)``: each kind of annotation draws from its own
-``numpy.random.default_rng((seed, stream, index))`` stream, so any item can be built on its own.
+``numpy.random.default_rng((seed, stream, index))`` stream, so any item can be built on its own. VQA
+questions and NLVR2 statements are in addition balanced over their split, as VQA v2 balanced VQA v1
+(`balance`): an image's are chosen among its candidates given the answers of the split's images before it
+(in index order), so that every answer of a template is equally likely, also given the attributes its
+text names, and a question-only model learns nothing beyond the question's type.
 Image ids are the decimal image index (``"0"``, ``"1"``, ...), as Flickr30K ids are plain numbers;
 integer-id formats (COCO, VQA) store ``int(image_id)``.
 
 Modules: `scenes` (object vocabulary, scene generation, rendering), `language` (templates, annotations,
-the closed-vocabulary tokenizer) and `writer` (the world on disk in the official formats).
+the closed-vocabulary tokenizer), `balance` (answers balanced over a split) and `writer` (the world on disk
+in the official formats).
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from vlkit.data.shapes.balance import AnswerBalancer, Candidate
 from vlkit.data.shapes.scenes import COLORS, KINDS, SIZES, Scene, ShapeObject, _MARGIN
 
 _PLURAL = {"circle": "circles", "square": "squares", "triangle": "triangles", "diamond": "diamonds",
@@ -72,6 +73,15 @@ _NEUTRAL_FILLERS = {
     "time": ("yesterday", "last year", "in the morning", "at night"),
 }
 _ANSWER_WORDS = ("yes", "no", "left", "right", "above", "below")
+_OPPOSITE = {"left": "right", "right": "left", "above": "below", "below": "above"}
+_PATTERNS = tuple((k, c, z) for k in (False, True) for c in (False, True) for z in (False, True))
+MAX_COUNT = 3  # count answers range over 0..MAX_COUNT
+# Every template's answers, each equally likely over a split (`vlkit.data.shapes.balance`)
+VQA_ANSWER_RANGES = {"color": COLORS, "shape": KINDS, "count": tuple(str(n) for n in range(MAX_COUNT + 1)),
+                     "exist": ("yes", "no"), "relation": ("yes", "no"), "side_h": ("left", "right"),
+                     "side_v": ("above", "below")}
+NLVR2_LABEL_RANGES = {name: ("True", "False") for name in _NLVR2_TEMPLATES}
+DRAWS = 24  # candidate annotations drawn per image and slot, in preference order, for the balancer
 
 
 def _article(phrase: str) -> str:
@@ -144,6 +154,15 @@ def _relation_holds(a: ShapeObject, b: ShapeObject, relation: str, margin: float
     return (d < 0) == (relation in ("left", "above"))
 
 
+def _confusable(scene: Scene, k: int) -> int:
+    """How hard object ``k`` is to pick out: 2 when another object shares its kind and colour, 1 its kind or
+    its colour, else 0 (RefCOCO's referents stand among objects of their own category)."""
+    target, others = scene.objects[k], [o for j, o in enumerate(scene.objects) if j != k]
+    if any(o.kind == target.kind and o.color == target.color for o in others):
+        return 2
+    return int(any(o.kind == target.kind or o.color == target.color for o in others))
+
+
 def _count_phrase(n: int, kind: str | None = None, color: str | None = None, size: str | None = None) -> str:
     """"two red circles", "one large shape", "no squares"."""
     return f"{_NUMBER_WORDS[n]} {_phrase(kind, color, size, plural=n != 1)}"
@@ -180,13 +199,7 @@ class ShapesLanguage:
 
     def _random_attrs(self, rng: np.random.Generator, scene: Scene, from_scene: bool) -> tuple[str | None, ...]:
         """(kind, color, size) with a random subset set (at least one), from a scene object or at random."""
-        source = self._pick(rng, scene.objects) if from_scene and scene.objects else None
-        values = (source.kind, source.color, source.size) if source else \
-            (self._pick(rng, KINDS), self._pick(rng, COLORS), self._pick(rng, SIZES))
-        keep = rng.random(3) < (0.7, 0.6, 0.3)
-        if not keep.any():
-            keep[int(rng.integers(2))] = True
-        return tuple(v if k else None for v, k in zip(values, keep))
+        return self._values(rng, scene, self._pattern(rng), from_scene)
 
     @staticmethod
     def _a_obj(kind: str | None, color: str | None, size: str | None) -> str:
@@ -231,13 +244,30 @@ class ShapesLanguage:
 
     # ---- VQA --------------------------------------------------------------------------------
     def vqa(self, i: int) -> list[dict]:
-        """VQA v2 style questions with 10 answers each (question and annotation fields merged)."""
+        """VQA v2 style questions with 10 answers each (question and annotation fields merged): one colour,
+        shape, count, existence and spatial question per image, balanced over the image's split."""
+        return self._balanced("vqa", i)
+
+    def _balanced(self, stream: str, i: int) -> Any:
+        """Annotation ``stream`` of image ``i``, made for the images of its split in index order by one
+        `AnswerBalancer` (so a question is asked of complementary images and every answer in its range is
+        equally likely); cached per split."""
+        i, cache = self._check(i), self.__dict__.setdefault("_balanced_cache", {})
+        split = self.split(i)
+        if (stream, split) not in cache:
+            make, ranges = {"vqa": (self._vqa_of, VQA_ANSWER_RANGES), "nlvr2": (self._nlvr2_of, NLVR2_LABEL_RANGES)}[stream]
+            balancer = AnswerBalancer(ranges)
+            cache[stream, split] = {k: make(k, balancer) for k in self.indices(split)}
+        return cache[stream, split][i]
+
+    def _vqa_of(self, i: int, balancer: AnswerBalancer) -> list[dict]:
         scene, rng = self.scene(i), self._rng("vqa", i)
-        makers = [self._q_color, self._q_shape, self._q_count, self._q_exist, self._q_relation]
+        slots = [self._q_color(rng, scene), self._q_shape(rng, scene), self._q_count(rng, scene),
+                 self._q_exist(rng, scene), self._q_relation(rng, scene)]
         out = []
-        for maker in makers:
-            q = maker(rng, scene) or self._q_count(rng, scene)
-            question, answer, answer_type, question_type, distractors = q
+        for candidates in slots:  # a slot without candidates (no unique reference, no clear pair) asks a count
+            chosen = balancer.pick(candidates or self._q_count(rng, scene))
+            question, answer, answer_type, question_type, distractors = chosen.annotation
             out.append({
                 "question_id": int(i) * 10 + len(out), "image_id": int(i), "question": question,
                 "answers": self._human_answers(rng, answer, distractors),
@@ -257,60 +287,93 @@ class ShapesLanguage:
                             "answer_confidence": "maybe" if wrong else "yes", "answer_id": k + 1})
         return answers
 
-    def _q_attribute(self, rng, scene, attr: str, template: str, qtype: str, values: Sequence[str]):
+    def _pattern(self, rng: np.random.Generator) -> tuple[bool, bool, bool]:
+        """Which of (kind, color, size) a question names: each with its own probability, at least one."""
+        keep = rng.random(3) < (0.7, 0.6, 0.3)
+        if not keep.any():
+            keep[int(rng.integers(2))] = True
+        return tuple(bool(k) for k in keep)
+
+    def _values(self, rng: np.random.Generator, scene: Scene, pattern: Sequence[bool],
+                from_scene: bool) -> tuple[str | None, ...]:
+        """(kind, color, size) of a scene object or drawn at random, with the attributes ``pattern`` leaves out None."""
+        source = self._pick(rng, scene.objects) if from_scene and scene.objects else None
+        values = (source.kind, source.color, source.size) if source else \
+            (self._pick(rng, KINDS), self._pick(rng, COLORS), self._pick(rng, SIZES))
+        return tuple(v if k else None for v, k in zip(values, pattern))
+
+    def _q_attribute(self, rng, scene, attr: str, template: str, qtype: str, values: Sequence[str]) -> list[Candidate]:
         refs = self._unique_refs(scene, exclude=(attr,))
-        if not refs:
-            return None
-        k = self._pick(rng, sorted(refs))
-        answer = getattr(scene.objects[k], attr)
-        ref = self._pick(rng, refs[k]).the("object")
-        return template.format(ref=ref), answer, "other", qtype, [v for v in values if v != answer]
+        out = []
+        for _ in range(DRAWS if refs else 0):
+            k = self._pick(rng, sorted(refs))
+            answer = getattr(scene.objects[k], attr)
+            question = _VQA_TEMPLATES[template].format(ref=self._pick(rng, refs[k]).the("object"))
+            out.append(Candidate(template, template, answer,
+                                 (question, answer, "other", qtype, [v for v in values if v != answer])))
+        return out
 
     def _q_color(self, rng, scene):
-        return self._q_attribute(rng, scene, "color", _VQA_TEMPLATES["color"], "what color is the", COLORS)
+        return self._q_attribute(rng, scene, "color", "color", "what color is the", COLORS)
 
     def _q_shape(self, rng, scene):
-        return self._q_attribute(rng, scene, "kind", _VQA_TEMPLATES["shape"], "what shape is the", KINDS)
+        return self._q_attribute(rng, scene, "kind", "shape", "what shape is the", KINDS)
 
-    def _q_count(self, rng, scene):
-        kind, color, size = self._random_attrs(rng, scene, from_scene=rng.random() < 0.6)
-        if rng.random() < 0.15:
-            kind = color = size = None  # "how many shapes are there?"
-        n = scene.count(kind, color, size)
-        question = _VQA_TEMPLATES["count"].format(things=_phrase(kind, color, size, plural=True))
-        return question, str(n), "number", "how many", [str(m) for m in (n - 1, n + 1) if m >= 0]
+    def _q_count(self, rng, scene) -> list[Candidate]:
+        """Counts of attributes drawn as a question's would be, then of every attribute set of the scene's
+        objects (so that the rarer large counts are there when the balancer needs them)."""
+        draws = []
+        for _ in range(DRAWS):
+            pattern = (False, False, False) if rng.random() < 0.15 else self._pattern(rng)  # "how many shapes"
+            draws.append(self._values(rng, scene, pattern, from_scene=rng.random() < 0.6))
+        present = sorted({tuple(v if k else None for v, k in zip((o.kind, o.color, o.size), pattern))
+                          for o in scene.objects for pattern in _PATTERNS}, key=str)
+        out = []
+        for kind, color, size in draws + [present[k] for k in rng.permutation(len(present))]:
+            n = scene.count(kind, color, size)
+            question = _VQA_TEMPLATES["count"].format(things=_phrase(kind, color, size, plural=True))
+            out.append(Candidate("count", ("count", (kind is not None, color is not None, size is not None)), str(n),
+                                 (question, str(n), "number", "how many", [str(m) for m in (n - 1, n + 1) if m >= 0])))
+        return out
 
-    def _q_exist(self, rng, scene):
-        want = bool(rng.random() < 0.5)
-        for _ in range(20):
-            kind, color, size = self._random_attrs(rng, scene, from_scene=want)
-            if (scene.count(kind, color, size) > 0) == want:
-                break
-        answer = "yes" if scene.count(kind, color, size) > 0 else "no"
-        question = _VQA_TEMPLATES["exist"].format(a_obj=self._a_obj(kind, color, size))
-        return question, answer, "yes/no", "is there a", ["no" if answer == "yes" else "yes"]
+    def _q_exist(self, rng, scene) -> list[Candidate]:
+        out = []
+        for _ in range(DRAWS):
+            pattern, want = self._pattern(rng), bool(rng.random() < 0.5)
+            for _ in range(10):  # "no": values of no object of the scene
+                kind, color, size = self._values(rng, scene, pattern, from_scene=want)
+                if (scene.count(kind, color, size) > 0) == want:
+                    break
+            answer = "yes" if scene.count(kind, color, size) > 0 else "no"
+            question = _VQA_TEMPLATES["exist"].format(a_obj=self._a_obj(kind, color, size))
+            out.append(Candidate("exist", ("exist", pattern), answer,
+                                 (question, answer, "yes/no", "is there a", ["no" if answer == "yes" else "yes"])))
+        return out
 
-    def _q_relation(self, rng, scene):
+    def _q_relation(self, rng, scene) -> list[Candidate]:
+        """"Is A <relation> B?" (yes / no) and "is A to the left or to the right of B?" questions."""
         pairs = self._clear_pairs(scene)
-        if not pairs:
-            return None
-        refs = self._unique_refs(scene)
-        a, b, rel = self._pick(rng, pairs)
-        ref, ref2 = self._pick(rng, refs[a]).the("object"), self._pick(rng, refs[b]).the("object")
-        style = rng.random()
-        if style < 0.5:
-            asked = rel if rng.random() < 0.5 else self._pick(rng, [r for r in _RELATIONS if r != rel])
-            holds = _relation_holds(scene.objects[a], scene.objects[b], asked, self.margin)
-            if holds is None:  # the other axis is unclear: ask the opposite of the true relation
-                asked = {"left": "right", "right": "left", "above": "below", "below": "above"}[rel]
-                holds = False
-            answer = "yes" if holds else "no"
-            q = _VQA_TEMPLATES["relation"].format(ref=ref, relation=_RELATIONS[asked], ref2=ref2)
-            return q, answer, "yes/no", "is the", ["no" if holds else "yes"]
-        horizontal = rel in ("left", "right")
-        q = _VQA_TEMPLATES["side_h" if horizontal else "side_v"].format(ref=ref, ref2=ref2)
-        other = {"left": "right", "right": "left", "above": "below", "below": "above"}[rel]
-        return q, rel, "other", "is the", [other]
+        refs = self._unique_refs(scene) if pairs else {}
+        out = []
+        for _ in range(DRAWS if pairs else 0):
+            a, b, rel = self._pick(rng, pairs)
+            ref, ref2 = self._pick(rng, refs[a]).the("object"), self._pick(rng, refs[b]).the("object")
+            if rng.random() < 0.5:
+                asked = self._pick(rng, list(_RELATIONS))
+                holds = _relation_holds(scene.objects[a], scene.objects[b], asked, self.margin)
+                if holds is None:  # the other axis is unclear
+                    continue
+                answer = "yes" if holds else "no"
+                question = _VQA_TEMPLATES["relation"].format(ref=ref, relation=_RELATIONS[asked], ref2=ref2)
+                out.append(Candidate("relation", ("relation", asked), answer,
+                                     (question, answer, "yes/no", "is the", ["no" if holds else "yes"])))
+            else:
+                template = "side_h" if rel in ("left", "right") else "side_v"
+                other = _OPPOSITE[rel]
+                question = _VQA_TEMPLATES[template].format(ref=ref, ref2=ref2)
+                qtype = "left or right" if template == "side_h" else "above or below"
+                out.append(Candidate(template, template, rel, (question, rel, "other", qtype, [other])))
+        return out
 
     # ---- referring expressions --------------------------------------------------------------
     def refexps(self, i: int) -> list[dict]:
@@ -319,6 +382,7 @@ class ShapesLanguage:
         refs = self._unique_refs(scene, positional=True)
         chosen = sorted(refs)
         rng.shuffle(chosen)
+        chosen.sort(key=lambda k: -_confusable(scene, k))  # stable: at random among equally confusable ones
         out = []
         for k in chosen[:2]:
             options = list(refs[k])
@@ -347,44 +411,46 @@ class ShapesLanguage:
         return k + 1 if k >= j else k
 
     def nlvr2(self, j: int) -> dict:
-        """A statement about images (j, partner) with a True/False label (balanced by construction)."""
-        j = self._check(j)
+        """A statement about images (j, partner) with a True/False label, balanced per template over the split."""
+        return self._balanced("nlvr2", j)
+
+    def _nlvr2_of(self, j: int, balancer: AnswerBalancer) -> dict:
         right = self.nlvr2_partner(j)
-        left_scene, right_scene = self.scene(j), self.scene(right)
-        rng = self._rng("nlvr2", j)
-        want = bool(rng.random() < 0.5)
-        for _ in range(40):
-            sentence, label = self._nlvr2_statement(rng, left_scene, right_scene)
-            if label == want:
-                break
+        scenes, rng = (self.scene(j), self.scene(right)), self._rng("nlvr2", j)
+        candidates = []
+        for _ in range(2 * DRAWS):
+            template, key, sentence, label = self._nlvr2_statement(rng, *scenes)
+            candidates.append(Candidate(template, key, str(label), sentence))
+        chosen = balancer.pick(candidates)
         split = self.split(j)
         return {"identifier": f"{split}-{j}-0-0", "left_image": str(j), "right_image": str(right),
-                "sentence": sentence, "label": "True" if label else "False"}
+                "sentence": chosen.annotation, "label": chosen.answer}
 
-    def _nlvr2_statement(self, rng, left: Scene, right: Scene) -> tuple[str, bool]:
+    def _nlvr2_statement(self, rng, left: Scene, right: Scene) -> tuple[str, tuple, str, bool]:
+        """(template, balancing key: the template, the attributes named and the number said, statement, truth)."""
         name = self._pick(rng, list(_NLVR2_TEMPLATES))
         t = _NLVR2_TEMPLATES[name]
         both = (left, right)
         kind, color, size = self._random_attrs(rng, self._pick(rng, both), from_scene=rng.random() < 0.6)
-        a_obj = self._a_obj(kind, color, size)
+        a_obj, named = self._a_obj(kind, color, size), tuple(v is not None for v in (kind, color, size))
         has = [s.count(kind, color, size) > 0 for s in both]
-        if name == "count_side":
+        if name in ("count_side", "has_side"):
             side = self._pick(rng, ("left", "right"))
+            scene = both[side == "right"]
+            if name == "has_side":
+                return name, (name, named), t.format(side=side, a_obj=a_obj), has[side == "right"]
             n = int(rng.integers(1, 4))
-            truth = both[side == "right"].count(kind, color, size) == n
-            return t.format(side=side, count=_count_phrase(n, kind, color, size)), truth
-        if name == "has_side":
-            side = self._pick(rng, ("left", "right"))
-            return t.format(side=side, a_obj=a_obj), has[side == "right"]
+            return name, (name, named, n), t.format(side=side, count=_count_phrase(n, kind, color, size)), \
+                scene.count(kind, color, size) == n
         if name == "total":
             n = int(rng.integers(0, 6))
             truth = sum(s.count(kind, color, size) for s in both) == n
-            return t.format(count=_count_phrase(n, kind, color, size)), truth
+            return name, (name, named, n), t.format(count=_count_phrase(n, kind, color, size)), truth
         if name in ("more", "fewer"):
             d = len(left.objects) - len(right.objects)
-            return t, d > 0 if name == "more" else d < 0
+            return name, (name,), t, d > 0 if name == "more" else d < 0
         truth = {"both": all(has), "only_one": sum(has) == 1, "neither": not any(has)}[name]
-        return t.format(a_obj=a_obj), truth
+        return name, (name, named), t.format(a_obj=a_obj), truth
 
     # ---- SNLI-VE ----------------------------------------------------------------------------
     def snli_ve(self, i: int) -> list[dict]:

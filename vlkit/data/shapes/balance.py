@@ -1,0 +1,52 @@
+"""Answers balanced over a split, as VQA v2 balanced VQA v1 (Goyal et al., 2017): the same question is asked
+of complementary images, so that no answer of a question's kind is more likely than another and a
+question-only model learns nothing beyond the question's type."""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any, Hashable, Iterable, Mapping, Sequence
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One possible annotation of an image: its balancing ``key`` (what a question-only model can read from
+    the text: the template and the attributes it names), the ``answer`` it has on this image, and the
+    annotation itself."""
+
+    template: str
+    key: Hashable
+    answer: str
+    annotation: Any
+
+
+class AnswerBalancer:
+    """Counts the answers given so far per key and per template over one split. `pick` takes, of an image's
+    candidates in preference order, the first whose answer is among the least given ones of its key and of
+    its template (over the template's answer range); when none is, the one that unbalances them least (its
+    key first)."""
+
+    def __init__(self, answer_ranges: Mapping[str, Sequence[str]]):
+        self.ranges = answer_ranges
+        self.counts: dict[Hashable, Counter] = defaultdict(Counter)
+
+    def _excess(self, group: Hashable, candidate: Candidate) -> int:
+        counts = self.counts[group]
+        return counts[candidate.answer] - min(counts[a] for a in self.ranges[candidate.template])
+
+    def pick(self, candidates: Iterable[Candidate]) -> Candidate | None:
+        best, best_excess = None, None
+        for candidate in candidates:
+            if candidate.answer not in self.ranges[candidate.template]:
+                continue
+            excess = (self._excess(("key", candidate.key), candidate),
+                      self._excess(("template", candidate.template), candidate))
+            if best_excess is None or excess < best_excess:
+                best, best_excess = candidate, excess
+            if excess <= (0, 0):
+                break
+        if best is None:
+            return None
+        self.counts["key", best.key][best.answer] += 1
+        self.counts["template", best.template][best.answer] += 1
+        return best
