@@ -11,7 +11,7 @@ import torch
 
 from vlkit.cli import main as cli
 from vlkit.data.shapes import ShapesWorld, shapes_tokenizer
-from vlkit.data.shards import MANIFEST, ShardError, read_manifest, shapes_records, write_shards
+from vlkit.data.shards import ShardError, read_manifest, shapes_records, write_shards
 from vlkit.data.stream import StreamedPairs, shuffled
 
 

@@ -58,7 +58,7 @@ def test_writer_exit_after_a_failed_flush_reports_the_disk_not_image_h(tmp_path,
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(h5py.Group, "create_dataset", fails_once)
-    with pytest.raises(OSError, match=rf"cannot write .*feats\.h5\.parts.*: No space left on device") as info:
+    with pytest.raises(OSError, match=r"cannot write .*feats\.h5\.parts.*: No space left on device") as info:
         with FeatureStoreWriter(out, provenance={"detector": "t"}, dtype="float32", flush_every=2) as writer:
             for k in range(6):
                 writer.add(f"img{k}", **regions(k))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from PIL import Image
 from reliability_helpers import regions
 

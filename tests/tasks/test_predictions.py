@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
-from shapes_helpers import region_store, tiny_model, world_store
+from shapes_helpers import tiny_model, world_store
 from vlkit.data.images import RegionSource
 from vlkit.data.shapes import ShapesWorld, write_shapes
 from vlkit.data.shapes.writer import FILES
