@@ -96,12 +96,13 @@ def data_sizes(cls: type[VLModel], overrides: Mapping[str, Any], tokenizer: Any,
 
 
 def prepare_environment(model_cfg: Mapping[str, Any], data_cfg: Mapping[str, Any], cache: str | None = None,
-                        progress: bool = True) -> Environment:
+                        progress: bool = True, init: str | os.PathLike | None = None) -> Environment:
     """Resolve ``model_cfg`` and ``data_cfg`` together, once: the tokenizer first (``data.tokenizer``, null: the
     family's official one, `vlkit.data.tokenizers.family_tokenizer`; the resolved name is written back into
     the data config), so that a missing one fails before any other work; region families on the shapes world
     get the shipped detector's features (extracted once, cached); pixel families get images resized to the
-    model's input size; the model's configuration then takes the sizes the data decides (`data_sizes`)."""
+    model's input size; the model's configuration then takes the sizes the data decides (`data_sizes`), unless
+    the model comes from a saved run (``init``: the preflight checks the data against that model instead)."""
     from vlkit.data.images import build_image_source
     from vlkit.data.tokenizers import build_tokenizer, family_tokenizer
 
@@ -131,7 +132,8 @@ def prepare_environment(model_cfg: Mapping[str, Any], data_cfg: Mapping[str, Any
     elif image.get("source") != "features":
         raise ValueError(f"{name} takes region features: set data.image.source=features and data.image.path")
     source = build_image_source(image, world, data.get("on_error") or "raise")
-    config = dataclasses.replace(config, **data_sizes(cls, overrides, tokenizer, source))
+    if init is None:
+        config = dataclasses.replace(config, **data_sizes(cls, overrides, tokenizer, source))
     return Environment(data, world, tokenizer, source, config)
 
 
