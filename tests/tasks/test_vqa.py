@@ -277,13 +277,14 @@ def test_question_only_model_reads_what_a_question_gives_away():
 
 
 def test_shapes_questions_give_nothing_away_beyond_their_type():
-    """The balanced world: the question-only model scores within 5 points of the per-question-type prior on
-    every answer type (the default comparison's splits)."""
+    """The balanced world: the question-only model scores at most 5 points above the per-question-type prior
+    on every answer type (the default comparison's splits)."""
     w = ShapesWorld(seed=0, num_images=600, val_images=400)
     train, val = ([r for i in w.indices(s) for r in shapes_vqa_records(w, i)] for s in ("train", "val"))
     out = baseline_accuracies(train, val, answer_vocabulary(train), "2021")
     for kind in ("yes_no", "number", "other"):
-        assert abs(out[f"vqa_blind_{kind}"] - out[f"vqa_prior_{kind}"]) <= 0.05, (kind, out)
+        # no more than 5 points above (it may score below: the prior takes the annotators' partial credit)
+        assert out[f"vqa_blind_{kind}"] <= out[f"vqa_prior_{kind}"] + 0.05, (kind, out)
     assert out["vqa_prior_yes_no"] < 0.7 and out["vqa_prior_number"] < 0.45  # no answer dominates its type
 
 
