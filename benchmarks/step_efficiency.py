@@ -111,7 +111,7 @@ def measure_family(comparison: Any, index: int, steps: int) -> dict[str, Any]:
     mix = objective_mix(spec)
 
     def fit(n: int, counter: FlopCounterMode | None = None, recorder: KernelRecorder | None = None) -> float:
-        model = pipeline.build_run_model(env, spec.model)
+        model = pipeline.build_run_model(env)
         trainer = {**comparison.trainer_cfg("pretrain", n, spec.trainer), "save_every": 0, "log_every": 1}
         with tempfile.TemporaryDirectory(prefix="vlkit-step-") as tmp:
             start = time.perf_counter()
