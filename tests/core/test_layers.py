@@ -8,25 +8,28 @@ from pathlib import Path
 
 import pytest
 
+import vlkit
+
 REPOSITORY = Path(__file__).resolve().parents[2]
+PACKAGE_ROOT = Path(vlkit.__file__).resolve().parents[1]  # the vlkit under test: the checkout, or CI's installed wheel
 _spec = importlib.util.spec_from_file_location("import_layers", REPOSITORY / "scripts" / "import_layers.py")
 layers = sys.modules.setdefault("import_layers", importlib.util.module_from_spec(_spec))
 _spec.loader.exec_module(layers)
 
 
 def test_vlkit_imports_only_go_down():
-    graph = layers.build_graph(REPOSITORY)
+    graph = layers.build_graph(PACKAGE_ROOT)
     assert len(graph.modules) > 90 and set(graph.modules.values()) == set(range(len(graph.floors)))
     assert graph.upward == [], layers.report(graph)
     assert graph.circles == [], layers.report(graph)
     assert graph.facade == [], layers.report(graph)
-    assert layers.main([]) == 0
+    assert layers.main(["--root", str(PACKAGE_ROOT)]) == 0
 
 
 @pytest.fixture
 def tree(tmp_path):
     """A copy of vlkit/ to plant imports in."""
-    shutil.copytree(REPOSITORY / "vlkit", tmp_path / "vlkit", ignore=shutil.ignore_patterns("__pycache__", "assets"))
+    shutil.copytree(PACKAGE_ROOT / "vlkit", tmp_path / "vlkit", ignore=shutil.ignore_patterns("__pycache__", "assets"))
     return tmp_path
 
 
