@@ -242,6 +242,7 @@ def test_uniter_pair_biattn_learns_nlvr2_on_shapes(shapes_data):
     data = shapes_data("uniter")
     torch.manual_seed(0)
     task = NLVR2Task(tiny_model("uniter", num_hidden_layers=2), **data.options)
-    train_steps(task, data.train, steps=250, lr=2e-3, batch_size=16)
+    # balanced labels per statement template: the statement alone gives nothing away (seeds 0-2 reach 0.67-0.75)
+    train_steps(task, data.train, steps=500, lr=5e-4, batch_size=32)
     metrics = task.evaluate(data.eval["val"])
     assert metrics["nlvr2"] > metrics["nlvr2_majority_baseline"] + 0.1, metrics

@@ -274,6 +274,11 @@ def test_question_only_model_reads_what_a_question_gives_away():
     out = baseline_accuracies(train, val, answers, "2021")
     assert out["vqa_blind_yes_no"] == pytest.approx(1.0) and out["vqa_prior_yes_no"] == pytest.approx(0.5)
     assert baseline_accuracies(train, [{**r, "answers": []} for r in val], answers, "2021") == {}  # test-dev
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    question_only_answers(train, [r["question"] for r in val], answers)
+    assert torch.equal(torch.rand(3), expected)  # the global RNG is untouched: a fine-tuning's seed stays its own
 
 
 def test_shapes_questions_give_nothing_away_beyond_their_type():

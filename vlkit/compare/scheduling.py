@@ -205,18 +205,19 @@ class Comparison:
         spec, seed, task = self.specs[unit.run], unit.seed, unit.task
         env = self.environment(spec)
         steps = self.compare["budget"]["finetune_steps"][task]
+        task_cfg = self.task_cfg(task, spec)
+        start = time.perf_counter()
+        data = self.task_data(env, task_cfg)  # before the seed: only this process's first unit of a task builds it
         set_seed(seed)
         parent = unit.depends_on()
         model = pipeline.load_pretraining(self.unit_dir(parent)) if parent else pipeline.build_run_model(env)
         out_dir = self.unit_dir(unit)
         seen: list[str] = []
-        start = time.perf_counter()
-        task_cfg = self.task_cfg(task, spec)
         module, data, _, raw = pipeline.finetune_task(env, model, task_cfg,
                                                       self.trainer_cfg("finetune", steps,
                                                                        (self.compare["trainer"].get("tasks") or {}).get(task)),
                                                       out_dir, seed, (self.compare.get("eval_split", "val"),), seen,
-                                                      data=self.task_data(env, task_cfg))
+                                                      data=data)
         metrics = {_metric_name(task, k.split("/", 1)[1]): v for k, v in raw.items()}
         out = {"wall_s": time.perf_counter() - start, "task": task, "metrics": metrics, "params": _parameters(module.model),
                "finetune_ids": {str(out_dir.relative_to(self.output_dir)): digest(seen)},

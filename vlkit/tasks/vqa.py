@@ -70,8 +70,9 @@ def question_only_answers(train: Sequence[Mapping[str, Any]], questions: Sequenc
             row[:len(x)] = torch.tensor(x, dtype=torch.long)
         return out
 
-    weights = nn.EmbeddingBag(len(feature) + 1, len(answers), mode="sum", padding_idx=0)
-    nn.init.zeros_(weights.weight)
+    # from zero weights, drawing nothing from the global RNG (a fine-tuning's seed must not depend on it)
+    weights = nn.EmbeddingBag.from_pretrained(torch.zeros(len(feature) + 1, len(answers)), freeze=False, mode="sum",
+                                              padding_idx=0)
     bias = nn.Parameter(torch.zeros(len(answers)))
     optimizer = torch.optim.Adam([weights.weight, bias], lr=0.05)
     inputs, labels = encode([bag for bag, _ in pairs]), torch.tensor([label for _, label in pairs], dtype=torch.long)
