@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vlkit.compare.plots import plot_results
-from vlkit.compare.statistics import (ALPHA, COSTS, HEADLINE, VQA_ANSWER_TYPES, chance_levels, detectable_effects,
-                                      pairwise_tests, scratch_tests, summarize)
+from vlkit.compare.statistics import (ALPHA, COSTS, HEADLINE, VQA_ANSWER_TYPES, baseline_key, chance_levels,
+                                      detectable_effects, pairwise_tests, scratch_tests, summarize)
 
 COST_LABELS = {"params": "params", "train_samples_per_s": "train samples/s", "latency_ms": "latency ms/ex",
                "wall_s": "wall s"}
@@ -124,7 +124,7 @@ def answer_types_section(rows: list[dict[str, Any]], records: list[dict[str, Any
 
     def baseline(name: str) -> str:
         return ", ".join(f"{m.removeprefix('vqa_')} {first[k] * POINTS:.1f}" for m in columns
-                         if isinstance(first.get(k := m.replace("vqa_", f"vqa_{name}_")), (int, float)))
+                         if isinstance(first.get(k := baseline_key(m, name)), (int, float)))
 
     return ["## VQA per answer type", "", results_table(rows, columns), "",
             f"Question-only baselines on the same questions (points): a bag-of-words model of the question (`vqa_blind_*`, "

@@ -9,10 +9,17 @@ from typing import Any, Sequence
 # Metrics the tables show first, in this order (anything else follows alphabetically).
 HEADLINE = ("itm_acc", "vqa", "ir_r1", "tr_r1", "zs_ir_r1", "zs_tr_r1", "refexp", "nlvr2", "snli_ve", "meta_sum")
 COSTS = ("params", "train_samples_per_s", "latency_ms", "wall_s")
+VQA_ANSWER_TYPES = ("vqa_yes_no", "vqa_number", "vqa_other")
+
+
+def baseline_key(metric: str, baseline: str = "blind") -> str:
+    """The record key of a VQA answer type's question-only baseline: ``vqa_yes_no`` -> ``vqa_blind_yes_no``."""
+    return metric.replace("vqa_", f"vqa_{baseline}_", 1)
+
+
 # record keys holding a metric's chance / trivial-baseline level on the evaluation set: metric -> key
 # (VQA: the question-only model, overall and per answer type)
-VQA_ANSWER_TYPES = ("vqa_yes_no", "vqa_number", "vqa_other")
-CHANCE_KEYS = {"vqa": "vqa_blind_baseline", **{m: m.replace("vqa_", "vqa_blind_") for m in VQA_ANSWER_TYPES},
+CHANCE_KEYS = {"vqa": "vqa_blind_baseline", **{m: baseline_key(m) for m in VQA_ANSWER_TYPES},
                "refexp": "refexp_random_box", "nlvr2": "nlvr2_majority_baseline",
                "snli_ve": "snli_ve_majority_baseline", "ir_r1": "ir_r1_chance", "tr_r1": "tr_r1_chance",
                "zs_ir_r1": "zs_ir_r1_chance", "zs_tr_r1": "zs_tr_r1_chance", "itm_acc": "itm_acc_chance"}
@@ -204,6 +211,6 @@ def chance_levels(records: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-__all__ = ["ALPHA", "BASELINE_PREFIXES", "CHANCE_KEYS", "VQA_ANSWER_TYPES", "COSTS", "HEADLINE", "chance_levels", "detectable_effects", "holm", "mean_ci",
-           "metric_columns", "min_detectable_effect", "paired_p_value", "paired_test", "pairwise_tests",
-           "scratch_tests", "summarize"]
+__all__ = ["ALPHA", "BASELINE_PREFIXES", "CHANCE_KEYS", "COSTS", "HEADLINE", "VQA_ANSWER_TYPES", "baseline_key",
+           "chance_levels", "detectable_effects", "holm", "mean_ci", "metric_columns", "min_detectable_effect",
+           "paired_p_value", "paired_test", "pairwise_tests", "scratch_tests", "summarize"]

@@ -186,9 +186,8 @@ class ShapesLanguage:
     def _pick(rng: np.random.Generator, seq: Sequence[Any]) -> Any:
         return seq[int(rng.integers(len(seq)))]
 
-    def _clear_pairs(self, scene: Scene) -> list[tuple[int, int, str]]:
-        """(a, b, relation) for uniquely describable objects whose relation is clear."""
-        refs = self._unique_refs(scene)
+    def _clear_pairs(self, scene: Scene, refs: dict[int, list[_Ref]]) -> list[tuple[int, int, str]]:
+        """(a, b, relation) for uniquely describable objects (``refs``: `_unique_refs`) whose relation is clear."""
         out = []
         for a in refs:
             for b in refs:
@@ -228,10 +227,10 @@ class ShapesLanguage:
             return template.format(be="is" if n == 1 else "are", n=_NUMBER_WORDS[n],
                                    things=_PLURAL["shape"] if n > 1 else "shape")
         if kind == "relation":
-            pairs = self._clear_pairs(scene)
+            refs = self._unique_refs(scene)
+            pairs = self._clear_pairs(scene, refs)
             if not pairs:
                 return None
-            refs = self._unique_refs(scene)
             a, b, r = self._pick(rng, pairs)
             return template.format(ref=self._pick(rng, refs[a]).the(), relation=_RELATIONS[r],
                                    ref2=self._pick(rng, refs[b]).the())
@@ -248,11 +247,15 @@ class ShapesLanguage:
         shape, count, existence and spatial question per image, balanced over the image's split."""
         return self._balanced("vqa", i)
 
+    @functools.cached_property
+    def _balanced_cache(self) -> dict[tuple[str, str], dict[int, Any]]:
+        return {}
+
     def _balanced(self, stream: str, i: int) -> Any:
         """Annotation ``stream`` of image ``i``, made for the images of its split in index order by one
         `AnswerBalancer` (so a question is asked of complementary images and every answer in its range is
         equally likely); cached per split."""
-        i, cache = self._check(i), self.__dict__.setdefault("_balanced_cache", {})
+        i, cache = self._check(i), self._balanced_cache
         split = self.split(i)
         if (stream, split) not in cache:
             make, ranges = {"vqa": (self._vqa_of, VQA_ANSWER_RANGES), "nlvr2": (self._nlvr2_of, NLVR2_LABEL_RANGES)}[stream]
@@ -352,8 +355,8 @@ class ShapesLanguage:
 
     def _q_relation(self, rng, scene) -> list[Candidate]:
         """"Is A <relation> B?" (yes / no) and "is A to the left or to the right of B?" questions."""
-        pairs = self._clear_pairs(scene)
-        refs = self._unique_refs(scene) if pairs else {}
+        refs = self._unique_refs(scene)
+        pairs = self._clear_pairs(scene, refs)
         out = []
         for _ in range(DRAWS if pairs else 0):
             a, b, rel = self._pick(rng, pairs)
@@ -475,7 +478,8 @@ class ShapesLanguage:
 
     def _ve_claim(self, rng, scene: Scene) -> tuple[str, bool]:
         name = self._pick(rng, list(_VE_TEMPLATES))
-        pairs = self._clear_pairs(scene) if name == "relation" else []
+        refs = self._unique_refs(scene) if name == "relation" else {}
+        pairs = self._clear_pairs(scene, refs)
         if name == "relation" and not pairs:
             name = "exist"
         t = _VE_TEMPLATES[name]
@@ -492,7 +496,6 @@ class ShapesLanguage:
             c = self._pick(rng, COLORS)
             return t.format(color=c), len(scene.objects) > 1 and scene.count(color=c) == len(scene.objects)
         a, b, rel = self._pick(rng, pairs)
-        refs = self._unique_refs(scene)
         asked = self._pick(rng, list(_RELATIONS))
         holds = _relation_holds(scene.objects[a], scene.objects[b], asked, self.margin)
         if holds is None:
