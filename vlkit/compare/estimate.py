@@ -22,11 +22,14 @@ def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = No
     """Seconds per training step of each distinct (model, mix) pre-training and (model, task) fine-tuning:
     the time of ``1 + steps`` steps minus that of one step (set-up, data and first-step costs cancel out).
     Each distinct model is built once and trained on by every probe of it (timing only). ``batch_size``:
-    probe at that batch and scale the time linearly to the unit's own batch (a base-size model on a CPU)."""
+    probe at that batch and scale the time linearly to the unit's own batch (a base-size model on a CPU).
+    Without a GPU the probe trains in fp32 (`probe_precision`)."""
     import json
 
     from vlkit.compare.config import objective_mix
     from vlkit.train import pipeline
+
+    precision = probe_precision()
 
     seconds: dict[str, float] = {}
     models: dict[str, Any] = {}
@@ -48,7 +51,7 @@ def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = No
 
         def fit(n: int) -> None:
             trainer = {**comparison.trainer_cfg(stage, n, extra), "save_every": 0, "log_every": 1,
-                       **({"batch_size": batch_size} if batch_size else {})}
+                       **({"batch_size": batch_size} if batch_size else {}), **precision}
             with tempfile.TemporaryDirectory(prefix="vlkit-probe-") as tmp:
                 if unit.is_pretrain:
                     pipeline.pretrain_model(env, model, objective_mix(spec), trainer, Path(tmp), unit.seed)
@@ -59,6 +62,15 @@ def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = No
 
         seconds[kind] = scale * max(0.0, _timed(fit, 1 + steps) - _timed(fit, 1)) / steps
     return seconds
+
+
+def probe_precision() -> dict[str, str]:
+    """The trainer override of a probe: none on a GPU; on a CPU, fp32. A unit's bf16 is meant for its GPUs, and
+    on a CPU without native bf16 (no AVX-512-BF16 or AMX) torch's bf16 matmul falls to a reference kernel (under
+    1 GFLOPS against 80 in fp32 at a base model's shapes), which would make a probe of a bf16 preset take hours."""
+    import torch
+
+    return {} if torch.cuda.is_available() else {"mixed_precision": "no"}
 
 
 def probe_kind(comparison: Any, unit: Any) -> str:
@@ -116,7 +128,7 @@ def dry_run(comparison: Any, settings: Any) -> str:
            markdown_table(["unit", "after", "steps", "resources", "est. min"], lines), "",
            f"Probe on this machine ({_device_name()}, {torch.get_num_threads()} torch thread(s), {probe_steps} timed "
            f"steps each" + (f" at batch {probe_batch}, scaled linearly to each unit's batch" if probe_batch else "")
-           + f"): {probes}.",
+           + (", in fp32" if probe_precision() else "") + f"): {probes}.",
            f"Estimated cost: {total / 3600:.2f} h of unit time = {hours:.2f} {what} "
            f"({unit_devices} device(s) per unit; training steps only, evaluations not included)."]
     for name, n in slots.items():
