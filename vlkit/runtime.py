@@ -1,5 +1,5 @@
-"""What every layer of vlkit may use about its process: how many torch threads it runs (`set_threads`), how it
-ends its process group (`shutdown`), and how it stops.
+"""What every layer of vlkit may use about its process: how many torch threads it runs (`set_threads`), whether
+its CPU runs bf16 natively (`native_cpu_bf16`), how it ends its process group (`shutdown`), and how it stops.
 
 How a vlkit process stops: SIGTERM (what SLURM and ``kill`` send) and SIGINT (Ctrl-C) become an
 `Interrupted` exception in the main thread, so ``finally`` blocks and context managers run (a feature
@@ -88,6 +88,16 @@ def set_threads(threads: int | None, preset: str | None = None) -> int:
             raise ValueError(f"threads={threads}: use a positive number of torch threads (or null)")
         torch.set_num_threads(int(threads))
     return torch.get_num_threads()
+
+
+def native_cpu_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX-512-BF16 or AMX). Without, torch's CPU bf16 matmul runs a
+    reference kernel: under 1 GFLOPS against about 80 in fp32 at a base model's shapes on a 2-core AVX2 machine.
+    True where torch cannot tell (its probes are private)."""
+    import torch
+
+    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(probe() for probe in probes if probe is not None) or all(probe is None for probe in probes)
 
 
 def shutdown(barrier: bool = True) -> None:

@@ -131,6 +131,17 @@ def test_bf16_mixed_precision(tmp_path, tiny, pairs):
     assert tiny.losses(bf16) == pytest.approx(tiny.losses(fp32), abs=0.05)
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_on_a_cpu_without_native_bf16_warns(tmp_path, tiny, monkeypatch, caplog, native):
+    from vlkit import runtime
+
+    monkeypatch.setattr(runtime, "native_cpu_bf16", lambda: native)
+    tiny.reset_accelerate()
+    with caplog.at_level("WARNING"):
+        Trainer(tiny.make_module(), tiny.base_config(output_dir=tmp_path, mixed_precision="bf16"))
+    assert ("reference kernel" in caplog.text) is not native, caplog.text
+
+
 def test_activation_checkpointing_and_adamw_options(tmp_path, tiny, pairs):
     """Checkpointed blocks recompute the same dropout masks: the same losses; the official AdamW rule and
     torch's differ (eps and decay placement) but both train."""

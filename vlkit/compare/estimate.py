@@ -66,8 +66,8 @@ def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = No
 
 def probe_precision() -> dict[str, str]:
     """The trainer override of a probe: none on a GPU; on a CPU, fp32. A unit's bf16 is meant for its GPUs, and
-    on a CPU without native bf16 (no AVX-512-BF16 or AMX) torch's bf16 matmul falls to a reference kernel (under
-    1 GFLOPS against 80 in fp32 at a base model's shapes), which would make a probe of a bf16 preset take hours."""
+    on a CPU without native bf16 (`vlkit.runtime.native_cpu_bf16`) it would make a probe of a bf16 preset take
+    hours."""
     import torch
 
     return {} if torch.cuda.is_available() else {"mixed_precision": "no"}

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from vlkit import runtime
 from vlkit.models.compile import compile_blocks, set_activation_checkpointing
 from vlkit.train import checkpoint as ckpt
 from vlkit.train.distributed import BATCHING, LoaderConfig, batch_units, build_train_loader, shard_batch
@@ -275,6 +276,10 @@ class Trainer:
         if self.cfg.mixed_precision != "no" and not self.accelerator.native_amp:
             self.log.warning("trainer.mixed_precision=%s is not available on %s: training in fp32",
                              self.cfg.mixed_precision, self.accelerator.device)
+        elif self.cfg.mixed_precision == "bf16" and self.accelerator.device.type == "cpu" and not runtime.native_cpu_bf16():
+            self.log.warning("trainer.mixed_precision=bf16 on a CPU without native bf16 (AVX-512-BF16 or AMX): torch's "
+                             "bf16 matmul runs a reference kernel here, tens of times slower than fp32; set "
+                             "trainer.mixed_precision=no")
         model = getattr(module, "model", module)
         self._patch_size = getattr(model, "patch_size", None)
         self._model: nn.Module | None = None
