@@ -76,8 +76,10 @@ def update_block(path: Path, marker: str, text: str) -> None:
 
 
 def vlkit(*args: str, cwd: Path = ROOT) -> str:
-    """The standard output of ``vlkit ARGS`` (raises when it fails)."""
-    done = subprocess.run([sys.executable, "-m", "vlkit.cli", *args], check=True, cwd=cwd, capture_output=True, text=True)
+    """The standard output of ``vlkit ARGS``; exits with the end of its standard error when it fails."""
+    done = subprocess.run([sys.executable, "-m", "vlkit.cli", *args], cwd=cwd, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"vlkit {' '.join(args)} failed (exit code {done.returncode}):\n{done.stderr[-4000:]}")
     return done.stdout
 
 
@@ -86,12 +88,29 @@ defaults:
   - base
   - _self_
 compare:
+  task_overrides:
+    vqa: {{source: files, files: {{train: {{questions: {data}/vqa/v2_OpenEnded_mscoco_train2014_questions.json,
+                                         annotations: {data}/vqa/v2_mscoco_train2014_annotations.json}},
+                                  val: {{questions: {data}/vqa/v2_OpenEnded_mscoco_val2014_questions.json,
+                                       annotations: {data}/vqa/v2_mscoco_val2014_annotations.json}}}}}}
+    retrieval: {{source: files, path: {data}/dataset_coco.json}}
+    refexp: {{source: files, refs: "{data}/refcoco/refs(unc).json", instances: {data}/refcoco/instances.json}}
+    nlvr2: {{source: files, files: {{train: {data}/nlvr2/train.json, val: {data}/nlvr2/dev.json}}}}
   runs:
     - {{name: vilbert, model: {{name: vilbert, preset: base}}, objectives: vilbert}}
     - {{name: uniter, model: {{name: uniter, preset: base}}, objectives: uniter}}
     - {{name: meter, model: {{name: meter, preset: clip16-roberta}}, objectives: meter,
-       data: {{image: {{source: folder, path: {images}}}}}}}
+       data: {{image: {{source: folder, path: {data}/images}}}}}}
 """
+
+
+PUBLISHED_NAMES = {  # make-shapes' file -> its name in the dataset's own download
+    "dataset_shapes.json": "dataset_coco.json",
+    **{f"v2_OpenEnded_mscoco_{s}_questions.json": f"vqa/v2_OpenEnded_mscoco_{s}2014_questions.json" for s in ("train", "val")},
+    **{f"v2_mscoco_{s}_annotations.json": f"vqa/v2_mscoco_{s}2014_annotations.json" for s in ("train", "val")},
+    "train.json": "nlvr2/train.json", "val.json": "nlvr2/dev.json",
+    "refs(unc).json": "refcoco/refs(unc).json", "instances.json": "refcoco/instances.json",
+}
 
 
 def plans(cache_dir: Path | None) -> None:
@@ -103,9 +122,12 @@ def plans(cache_dir: Path | None) -> None:
     data = work / "coco"
     vlkit("make-shapes", f"out={data}", "num_images=200", "val_images=40", "test_images=40")
     vlkit("extract-features", f"images={data / 'images'}", f"out={data / 'feats.h5'}", "device=cpu", "progress=false")
+    for shapes_name, name in PUBLISHED_NAMES.items():  # the layout of the publishers' downloads
+        (data / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(data / shapes_name, data / name)
     runs = work / "base_runs.yaml"
-    runs.write_text(BASE_RUNS.format(images=data / "images"))
-    base_args = [f"compare={runs}", "data=coco", f"data.path={data / 'dataset_shapes.json'}", "data.split=[train]",
+    runs.write_text(BASE_RUNS.format(data=data))
+    base_args = [f"compare={runs}", "data=coco", f"data.path={data / 'dataset_coco.json'}", "data.split=[train]",
                  f"data.image.path={data / 'feats.h5'}", "data.tokenizer=shapes", "dry_run=true",
                  "compare.gpus_per_unit=8", "compare.slurm.nodes=1", "compare.slurm.array_parallelism=16",
                  "compare.probe.steps=1", "compare.probe.batch_size=8", f"cache_dir={cache}"]
@@ -123,6 +145,7 @@ def plans(cache_dir: Path | None) -> None:
             "```text",
             out.strip(), "```"]))
         summary.append(f"- `{name}`: " + next(line for line in out.splitlines() if line.startswith("Estimated cost")))
+    update_block(DOCS / "cluster.md", "base-runs", f"```yaml\n# my_base.yaml\n{BASE_RUNS.format(data='DATA_DIR')}```")
     update_block(ROOT / "README.md", "plan-summary", f"Measured here ({load}), written by "
                  f"`python scripts/readme_tables.py plans` at commit `{commit}`:\n\n" + "\n".join(summary))
     shutil.rmtree(work, ignore_errors=True)

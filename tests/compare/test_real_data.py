@@ -72,3 +72,15 @@ def test_a_comparison_on_real_data_files(files, tmp_path, data):
         assert {"vqa", "ir_r1", "tr_r1", "nlvr2"} <= set(r) and 0 <= r["vqa"] <= 1
         assert ("refexp" in r) == (run != "meter")  # METER has no region head
     assert ("itm_acc" in rows[("uniter", "pretrained")]) == (data == "coco")
+
+
+def test_a_task_left_on_the_shapes_world_is_refused_before_any_work(files, tmp_path):
+    """data=coco with the tasks' default source (the shapes world): refused before the plan, a pre-training
+    or the dry run's probe, naming the run and the tasks."""
+    args = ["compare", "compare=smoke", "compare.seeds=[0]", "compare.tasks=[vqa,retrieval]", "data=coco",
+            f"data.path={files / 'dataset_shapes.json'}", "data.split=[train]", f"data.image.path={files / 'feats.h5'}",
+            "data.tokenizer=shapes", "progress=false"]
+    for extra in ([f"output_dir={tmp_path / 'out'}"], ["dry_run=true"]):
+        with pytest.raises(ValueError, match=r"run vilbert reads data=coco, but task\(s\) vqa, retrieval read the shapes"):
+            main([*args, *extra])
+    assert not (tmp_path / "out").exists()

@@ -31,13 +31,17 @@ def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = No
 
     precision = probe_precision()
 
+    kinds: dict[str, Any] = {}  # a fine-tuning costs the same from either variant: probed once
+    for unit in comparison.all_units():
+        kinds.setdefault(probe_kind(comparison, unit), unit)
+    for unit in kinds.values():  # every task's data first: a bad task file fails before a probe trains
+        if not unit.is_pretrain:
+            spec = comparison.specs[unit.run]
+            comparison.task_data(comparison.environment(spec), comparison.task_cfg(unit.task, spec))
     seconds: dict[str, float] = {}
     models: dict[str, Any] = {}
-    for unit in comparison.all_units():
+    for kind, unit in kinds.items():
         spec = comparison.specs[unit.run]
-        kind = probe_kind(comparison, unit)
-        if kind in seconds:  # a fine-tuning costs the same from either variant: probed once
-            continue
         env = comparison.environment(spec)
         model_key = json.dumps(spec.model, sort_keys=True)
         if model_key not in models:
