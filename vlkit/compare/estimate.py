@@ -21,9 +21,11 @@ def _timed(fit: Any, steps: int) -> float:
 def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = None) -> dict[str, float]:
     """Seconds per training step of each distinct (model, mix) pre-training and (model, task) fine-tuning:
     the time of ``1 + steps`` steps minus that of one step (set-up, data and first-step costs cancel out).
-    Each distinct model is built once and trained on by every probe of it (timing only). ``batch_size``:
+    Each distinct model is built once and trained on by every probe of it (timing only), one model at a time
+    (three base-size models and their optimizer states together outgrow a 24 GB machine). ``batch_size``:
     probe at that batch and scale the time linearly to the unit's own batch (a base-size model on a CPU).
     Without a GPU the probe trains in fp32 (`probe_precision`)."""
+    import gc
     import json
 
     from vlkit.compare.config import objective_mix
@@ -38,15 +40,19 @@ def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = No
         if not unit.is_pretrain:
             spec = comparison.specs[unit.run]
             comparison.task_data(comparison.environment(spec), comparison.task_cfg(unit.task, spec))
+    def model_key(unit: Any) -> str:
+        return json.dumps(comparison.specs[unit.run].model, sort_keys=True)
+
+    first = list(dict.fromkeys(model_key(u) for u in kinds.values()))
     seconds: dict[str, float] = {}
-    models: dict[str, Any] = {}
-    for kind, unit in kinds.items():
+    built, model = None, None
+    for kind, unit in sorted(kinds.items(), key=lambda item: first.index(model_key(item[1]))):
         spec = comparison.specs[unit.run]
         env = comparison.environment(spec)
-        model_key = json.dumps(spec.model, sort_keys=True)
-        if model_key not in models:
-            models[model_key] = pipeline.build_run_model(env)
-        model = models[model_key]
+        if model_key(unit) != built:
+            model = None  # the last model's probes are done: free it before building the next
+            gc.collect()
+            built, model = model_key(unit), pipeline.build_run_model(env)
         stage = "pretrain" if unit.is_pretrain else "finetune"
         extra = spec.trainer if unit.is_pretrain else (comparison.compare["trainer"].get("tasks") or {}).get(unit.task)
 
