@@ -28,7 +28,6 @@ def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = No
     import gc
     import json
 
-    from vlkit.compare.config import objective_mix
     from vlkit.train import pipeline
 
     precision = probe_precision()
@@ -40,38 +39,45 @@ def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = No
         if not unit.is_pretrain:
             spec = comparison.specs[unit.run]
             comparison.task_data(comparison.environment(spec), comparison.task_cfg(unit.task, spec))
-    def model_key(unit: Any) -> str:
-        return json.dumps(comparison.specs[unit.run].model, sort_keys=True)
-
-    first = list(dict.fromkeys(model_key(u) for u in kinds.values()))
+    by_model: dict[str, dict[str, Any]] = {}  # the kinds of each distinct model, in the order first seen
+    for kind, unit in kinds.items():
+        by_model.setdefault(json.dumps(comparison.specs[unit.run].model, sort_keys=True), {})[kind] = unit
     seconds: dict[str, float] = {}
-    built, model = None, None
-    for kind, unit in sorted(kinds.items(), key=lambda item: first.index(model_key(item[1]))):
-        spec = comparison.specs[unit.run]
-        env = comparison.environment(spec)
-        if model_key(unit) != built:
-            model = None  # the last model's probes are done: free it before building the next
-            gc.collect()
-            built, model = model_key(unit), pipeline.build_run_model(env)
-        stage = "pretrain" if unit.is_pretrain else "finetune"
-        extra = spec.trainer if unit.is_pretrain else (comparison.compare["trainer"].get("tasks") or {}).get(unit.task)
-
-        full = comparison.trainer_cfg(stage, 1, extra)["batch_size"]
-        scale = full / batch_size if batch_size else 1.0
-
-        def fit(n: int) -> None:
-            trainer = {**comparison.trainer_cfg(stage, n, extra), "save_every": 0, "log_every": 1,
-                       **({"batch_size": batch_size} if batch_size else {}), **precision}
-            with tempfile.TemporaryDirectory(prefix="vlkit-probe-") as tmp:
-                if unit.is_pretrain:
-                    pipeline.pretrain_model(env, model, objective_mix(spec), trainer, Path(tmp), unit.seed)
-                else:
-                    task_cfg = comparison.task_cfg(unit.task, spec)
-                    pipeline.finetune_task(env, model, task_cfg, trainer, Path(tmp), unit.seed, (),
-                                           data=comparison.task_data(env, task_cfg))
-
-        seconds[kind] = scale * max(0.0, _timed(fit, 1 + steps) - _timed(fit, 1)) / steps
+    for group in by_model.values():
+        model = None
+        gc.collect()  # the last model's probes are done: free it before building the next
+        model = pipeline.build_run_model(comparison.environment(comparison.specs[next(iter(group.values())).run]))
+        for kind, unit in group.items():
+            seconds[kind] = _probe_one(comparison, unit, model, steps, batch_size, precision)
     return seconds
+
+
+def _probe_one(comparison: Any, unit: Any, model: Any, steps: int, batch_size: int | None,
+               precision: dict[str, str]) -> float:
+    """Seconds per training step of ``unit``'s kind on ``model``."""
+    from vlkit.compare.config import objective_mix
+    from vlkit.train import pipeline
+
+    spec = comparison.specs[unit.run]
+    env = comparison.environment(spec)
+    stage = "pretrain" if unit.is_pretrain else "finetune"
+    extra = spec.trainer if unit.is_pretrain else (comparison.compare["trainer"].get("tasks") or {}).get(unit.task)
+
+    full = comparison.trainer_cfg(stage, 1, extra)["batch_size"]
+    scale = full / batch_size if batch_size else 1.0
+
+    def fit(n: int) -> None:
+        trainer = {**comparison.trainer_cfg(stage, n, extra), "save_every": 0, "log_every": 1,
+                   **({"batch_size": batch_size} if batch_size else {}), **precision}
+        with tempfile.TemporaryDirectory(prefix="vlkit-probe-") as tmp:
+            if unit.is_pretrain:
+                pipeline.pretrain_model(env, model, objective_mix(spec), trainer, Path(tmp), unit.seed)
+            else:
+                task_cfg = comparison.task_cfg(unit.task, spec)
+                pipeline.finetune_task(env, model, task_cfg, trainer, Path(tmp), unit.seed, (),
+                                       data=comparison.task_data(env, task_cfg))
+
+    return scale * max(0.0, _timed(fit, 1 + steps) - _timed(fit, 1)) / steps
 
 
 def probe_precision() -> dict[str, str]:

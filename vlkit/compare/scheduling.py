@@ -95,11 +95,13 @@ class Comparison:
     def check_task_sources(self) -> None:
         """Refuse, before any work, a fine-tuning that reads the shapes world's annotations (``source: shapes``,
         the default) in a run whose data is not the shapes world: it would fail only after its pre-training."""
+        from vlkit.tasks.base import task_source
+
         for spec in self.specs:
             data = run_data(self.cfg["data"], spec).get("name")
             if data == "shapes":
                 continue
-            bad = [t for t in self.tasks_for(spec) if self.task_cfg(t, spec).get("source", "shapes") == "shapes"]
+            bad = [t for t in self.tasks_for(spec) if task_source(self.task_cfg(t, spec)) == "shapes"]
             if bad:
                 raise ValueError(f"compare: run {spec.name} reads data={data}, but task(s) {', '.join(bad)} read the "
                                  "shapes world (task source=shapes, the default); give each task its own files in "

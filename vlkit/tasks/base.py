@@ -169,6 +169,11 @@ def _as_list(spec: Any) -> list:
     return list(spec) if isinstance(spec, Sequence) and not isinstance(spec, str) else [spec]
 
 
+def task_source(cfg: Mapping[str, Any]) -> str:
+    """Where a task config reads its records: ``shapes`` (the default: the shapes world) or ``files``."""
+    return cfg.get("source", "shapes")
+
+
 def world_needed(name: str, keys: str) -> ValueError:
     """The error of a ``task.source=shapes`` task without the shapes world: it says how to read the real files."""
     return ValueError(f"task {name}: source=shapes (the default) reads the shapes world, which only data=shapes gives; "
@@ -185,7 +190,7 @@ def split_records(cfg: Mapping[str, Any], world: Any, from_world: Callable[[Any,
     error, a shapes split without images is dropped. ``train_images: N`` keeps the training records of
     the first N images only.
     """
-    name, source = cfg.get("name", "task"), cfg.get("source", "shapes")
+    name, source = cfg.get("name", "task"), task_source(cfg)
     if source == "shapes":
         if world is None:
             raise world_needed(name, "task.files.train / task.files.val / task.files.test")

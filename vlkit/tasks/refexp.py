@@ -30,7 +30,7 @@ from torch import Tensor
 from vlkit.models.base import VLModel
 from vlkit.models.layers import MASK_VALUE
 from vlkit.registry import register_task
-from vlkit.tasks.base import IncompatibleTask, Task, TaskData, eval_batches, gather, world_needed
+from vlkit.tasks.base import IncompatibleTask, Task, TaskData, eval_batches, gather, task_source, world_needed
 from vlkit.tasks.metrics import (IOU_BOXES, IOU_COMPARISONS, REFEXP_DEFAULT, REFEXP_OFFICIAL, refexp_accuracy,
                                  refexp_hits, refexp_iou)
 from vlkit.types import LossOutput, VLBatch
@@ -186,7 +186,7 @@ class RefExp(Task):
         from vlkit.data import formats
         from vlkit.data.pairs import ImageTextPairs
 
-        source = cfg.get("source", "shapes")
+        source = task_source(cfg)
         if source == "shapes":
             if world is None:
                 raise world_needed("refexp", "task.refs (refs(unc).p) and task.instances (instances.json)")

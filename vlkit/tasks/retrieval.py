@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from vlkit.models.base import VLModel
 from vlkit.models.layers import masked_mean
 from vlkit.registry import HEADS, MODELS, OBJECTIVES, register_task
-from vlkit.tasks.base import Task, TaskData, eval_batches, world_needed
+from vlkit.tasks.base import Task, TaskData, eval_batches, task_source, world_needed
 from vlkit.tasks.metrics import RETRIEVAL_TIES, recall
 from vlkit.tasks.prerank import fit_ridge, ridge_scores, summary
 from vlkit.tasks.retrieval_data import RetrievalSet, record_caption_ids
@@ -461,7 +461,7 @@ class Retrieval(Task):
         max_len = int(cfg.get("max_len", 40))
         train_splits = split_list(cfg.get("train_split", "train"))
         eval_splits = split_list(cfg.get("eval_splits", ["val", "test"]))
-        source = cfg.get("source", "shapes")
+        source = task_source(cfg)
         if source == "shapes":
             if world is None:
                 raise world_needed("retrieval", "task.path (a Karpathy json such as dataset_flickr30k.json)")
