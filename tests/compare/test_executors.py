@@ -108,16 +108,21 @@ def test_unknown_slurm_key_is_refused():
 def test_dry_run_prints_every_unit_and_the_cost_per_executor(capsys, cache, monkeypatch):
     from vlkit.train import pipeline
 
-    precisions = []  # a bf16 comparison is probed in fp32 on a CPU (its bf16 matmul can be a reference kernel)
+    precisions, batches = [], {"pretrain_model": set(), "finetune_task": set()}
     for name in ("pretrain_model", "finetune_task"):
-        def spy(env, model, what, trainer, *args, real=getattr(pipeline, name), **kwargs):
+        def spy(env, model, what, trainer, *args, real=getattr(pipeline, name), name=name, **kwargs):
             precisions.append(trainer["mixed_precision"])
+            batches[name].add(trainer["batch_size"])
             return real(env, model, what, trainer, *args, **kwargs)
         monkeypatch.setattr(pipeline, name, spy)
-    args = ["compare", *SMALL, f"cache_dir={cache}", "dry_run=true", "+compare.trainer.common.mixed_precision=bf16"]
+    args = ["compare", *SMALL, f"cache_dir={cache}", "dry_run=true", "+compare.trainer.common.mixed_precision=bf16",
+            "compare.probe.batch_size=4", "compare.probe.finetune_batch_size=2"]
     assert main(args) == 0
     out = capsys.readouterr().out
+    # a bf16 comparison is probed in fp32 on a CPU (its bf16 matmul can be a reference kernel)
     assert len(precisions) >= 4 and set(precisions) == {"no"} and ", in fp32)" in out
+    assert batches == {"pretrain_model": {4}, "finetune_task": {2}}  # each stage at its own probe batch
+    assert "pre-trainings at batch 4 and fine-tunings at batch 2, scaled linearly" in out
     for key in ("vilbert/seed0/pretrain", "uniter/seed0/pretrained-vqa", "meter/seed0/scratch-nlvr2"):
         assert f"| {key} |" in out
     assert "| uniter/seed0/pretrained-nlvr2 | uniter/seed0/pretrain | 3 |" in out

@@ -18,13 +18,16 @@ def _timed(fit: Any, steps: int) -> float:
     return time.perf_counter() - start
 
 
-def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = None) -> dict[str, float]:
+def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = None,
+          finetune_batch_size: int | None = None) -> dict[str, float]:
     """Seconds per training step of each distinct (model, mix) pre-training and (model, task) fine-tuning:
     the time of ``1 + steps`` steps minus that of one step (set-up, data and first-step costs cancel out).
     Each distinct model is built once and trained on by every probe of it (timing only), one model at a time
     (three base-size models and their optimizer states together outgrow a 24 GB machine). ``batch_size``:
-    probe at that batch and scale the time linearly to the unit's own batch (a base-size model on a CPU).
-    Without a GPU the probe trains in fp32 (`probe_precision`)."""
+    probe at that batch and scale the time linearly to the unit's own batch (a base-size model on a CPU);
+    ``finetune_batch_size``: the fine-tunings' own (default ``batch_size``), as a fine-tuning example can hold several
+    images or captions (METER-base retrieval: an image and 16 captions, 14.5 GB at batch 2). Without a GPU the
+    probe trains in fp32 (`probe_precision`)."""
     import gc
     import json
 
@@ -48,7 +51,8 @@ def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = No
         gc.collect()  # the last model's probes are done: free it before building the next
         model = pipeline.build_run_model(comparison.environment(comparison.specs[next(iter(group.values())).run]))
         for kind, unit in group.items():
-            seconds[kind] = _probe_one(comparison, unit, model, steps, batch_size, precision)
+            batch = batch_size if unit.is_pretrain else finetune_batch_size or batch_size
+            seconds[kind] = _probe_one(comparison, unit, model, steps, batch, precision)
     return seconds
 
 
@@ -120,7 +124,8 @@ def dry_run(comparison: Any, settings: Any) -> str:
     device = f"{gpus} GPU(s)" if gpus else f"{settings.threads} CPU thread(s)"
     settings_probe = comparison.compare.get("probe") or {}
     probe_steps, probe_batch = int(settings_probe.get("steps") or PROBE_STEPS), settings_probe.get("batch_size")
-    measured = probe(comparison, probe_steps, probe_batch)
+    finetune_batch = settings_probe.get("finetune_batch_size")
+    measured = probe(comparison, probe_steps, probe_batch, finetune_batch)
     lines, durations, depends = [], {}, {}
     for unit in units:
         key = comparison.key(unit)
@@ -143,13 +148,21 @@ def dry_run(comparison: Any, settings: Any) -> str:
            f"{len(comparison.specs)} run(s) x {len(comparison.compare['seeds'])} seed(s); nothing is run.", "",
            markdown_table(["unit", "after", "steps", "resources", "est. min"], lines), "",
            f"Probe on this machine ({_device_name()}, {torch.get_num_threads()} torch thread(s), {probe_steps} timed "
-           f"steps each" + (f" at batch {probe_batch}, scaled linearly to each unit's batch" if probe_batch else "")
+           f"steps each" + _batches(probe_batch, finetune_batch)
            + (", in fp32" if probe_precision() else "") + f"): {probes}.",
            f"Estimated cost: {total / 3600:.2f} h of unit time = {hours:.2f} {what} "
            f"({unit_devices} device(s) per unit; training steps only, evaluations not included)."]
     for name, n in slots.items():
         out.append(f"- executor {name}: {n} unit(s) at once -> about {simulate(durations, depends, order, n) / 3600:.2f} h wall")
     return "\n".join(out)
+
+
+def _batches(pretrain: int | None, finetune: int | None) -> str:
+    """The probe's batches in the plan's words."""
+    if finetune in (None, pretrain):
+        return f" at batch {pretrain}, scaled linearly to each unit's batch" if pretrain else ""
+    return (f", pre-trainings at {f'batch {pretrain}' if pretrain else 'their own batch'} and fine-tunings at "
+            f"batch {finetune}, scaled linearly to each unit's batch")
 
 
 def _gpus() -> list[str]:
