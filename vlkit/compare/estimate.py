@@ -25,8 +25,8 @@ def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = No
     Each distinct model is built once and trained on by every probe of it (timing only), one model at a time
     (three base-size models and their optimizer states together outgrow a 24 GB machine). ``batch_size``:
     probe at that batch and scale the time linearly to the unit's own batch (a base-size model on a CPU);
-    ``finetune_batch_size``: the fine-tunings' own (default ``batch_size``), as a fine-tuning example can hold several
-    images or captions (METER-base retrieval: an image and 16 captions, 14.5 GB at batch 2). Without a GPU the
+    ``finetune_batch_size``: the same for the fine-tunings (None: their own batch), as a fine-tuning example can hold
+    several images or captions (METER-base retrieval: an image and 16 captions, 14.5 GB at batch 2). Without a GPU the
     probe trains in fp32 (`probe_precision`)."""
     import gc
     import json
@@ -51,7 +51,7 @@ def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = No
         gc.collect()  # the last model's probes are done: free it before building the next
         model = pipeline.build_run_model(comparison.environment(comparison.specs[next(iter(group.values())).run]))
         for kind, unit in group.items():
-            batch = batch_size if unit.is_pretrain else finetune_batch_size or batch_size
+            batch = batch_size if unit.is_pretrain else finetune_batch_size
             seconds[kind] = _probe_one(comparison, unit, model, steps, batch, precision)
     return seconds
 
@@ -124,7 +124,7 @@ def dry_run(comparison: Any, settings: Any) -> str:
     device = f"{gpus} GPU(s)" if gpus else f"{settings.threads} CPU thread(s)"
     settings_probe = comparison.compare.get("probe") or {}
     probe_steps, probe_batch = int(settings_probe.get("steps") or PROBE_STEPS), settings_probe.get("batch_size")
-    finetune_batch = settings_probe.get("finetune_batch_size")
+    finetune_batch = settings_probe.get("finetune_batch_size") or probe_batch
     measured = probe(comparison, probe_steps, probe_batch, finetune_batch)
     lines, durations, depends = [], {}, {}
     for unit in units:
@@ -159,7 +159,7 @@ def dry_run(comparison: Any, settings: Any) -> str:
 
 def _batches(pretrain: int | None, finetune: int | None) -> str:
     """The probe's batches in the plan's words."""
-    if finetune in (None, pretrain):
+    if finetune == pretrain:
         return f" at batch {pretrain}, scaled linearly to each unit's batch" if pretrain else ""
     return (f", pre-trainings at {f'batch {pretrain}' if pretrain else 'their own batch'} and fine-tunings at "
             f"batch {finetune}, scaled linearly to each unit's batch")
