@@ -130,7 +130,7 @@ def plans(cache_dir: Path | None) -> None:
     base_args = [f"compare={runs}", "data=coco", f"data.path={data / 'dataset_coco.json'}", "data.split=[train]",
                  f"data.image.path={data / 'feats.h5'}", "data.tokenizer=shapes", "dry_run=true",
                  "compare.gpus_per_unit=8", "compare.slurm.nodes=1", "compare.slurm.array_parallelism=16",
-                 "compare.probe.steps=1", "compare.probe.batch_size=8",
+                 "compare.probe.warmup_steps=1", "compare.probe.steps=1", "compare.probe.batch_size=8",
                  "compare.probe.finetune_batch_size=2", f"cache_dir={cache}"]
     base = vlkit("compare", *base_args)
     shown = " ".join(a for a in base_args if not a.startswith(("cache_dir=", "data.path=", "data.image.path=", "compare=")))

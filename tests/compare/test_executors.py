@@ -116,19 +116,45 @@ def test_dry_run_prints_every_unit_and_the_cost_per_executor(capsys, cache, monk
             return real(env, model, what, trainer, *args, **kwargs)
         monkeypatch.setattr(pipeline, name, spy)
     args = ["compare", *SMALL, f"cache_dir={cache}", "dry_run=true", "+compare.trainer.common.mixed_precision=bf16",
-            "compare.probe.batch_size=4", "compare.probe.finetune_batch_size=2"]
+            "compare.probe.batch_size=4", "compare.probe.finetune_batch_size=2", "compare.probe.warmup_steps=2",
+            "compare.probe.steps=3"]
     assert main(args) == 0
     out = capsys.readouterr().out
     # a bf16 comparison is probed in fp32 on a CPU (its bf16 matmul can be a reference kernel)
     assert len(precisions) >= 4 and set(precisions) == {"no"} and ", in fp32)" in out
     assert batches == {"pretrain_model": {4}, "finetune_task": {2}}  # each stage at its own probe batch
-    assert "pre-trainings at batch 4 and fine-tunings at batch 2, scaled linearly" in out
+    assert "median of 3 timed steps after 2 untimed, pre-trainings at batch 4 and fine-tunings at batch 2, scaled" \
+        " linearly" in out
     for key in ("vilbert/seed0/pretrain", "uniter/seed0/pretrained-vqa", "meter/seed0/scratch-nlvr2"):
         assert f"| {key} |" in out
     assert "| uniter/seed0/pretrained-nlvr2 | uniter/seed0/pretrain | 3 |" in out
     assert "s/step" in out and "CPU-thread-hours" in out
     for name in ("local", "slurm", "ray"):
         assert f"executor {name}:" in out
+
+
+def test_probe_is_the_median_step_after_the_untimed_ones(cache, monkeypatch, tmp_path):
+    """Each probe trains warmup_steps + steps and gives the median ``step_s`` of the steps after the warm-up
+    (the trainer's own step times, here replaced: a slow warm-up and one slowed step must not count)."""
+    from types import SimpleNamespace
+
+    from vlkit.cli import compose
+    from vlkit.compare import Comparison, resolve_config
+    from vlkit.compare.estimate import probe
+    from vlkit.train import pipeline
+
+    asked = []
+
+    def fake(trainer):
+        asked.append(trainer["max_steps"])
+        return SimpleNamespace(history=[{"step_s": t} for t in [100.0, 100.0, 1.0, 2.0, 30.0]])
+    monkeypatch.setattr(pipeline, "pretrain_model", lambda env, model, mix, trainer, *a, **k: (model, fake(trainer)))
+    monkeypatch.setattr(pipeline, "finetune_task", lambda env, model, task, trainer, *a, **k: (0, 0, fake(trainer), {}))
+    cfg = resolve_config(compose("compare", [*SMALL, f"cache_dir={cache}"]))
+    seconds = probe(Comparison(cfg, tmp_path, progress=False), steps=3, warmup_steps=2)
+    assert set(seconds) == {f"{m}_tiny {k}" for m in ("vilbert", "uniter", "meter") for k in (m, "vqa", "nlvr2")}
+    assert set(seconds.values()) == {2.0} and set(asked) == {5}
+    assert len(asked) == len(seconds)
 
 
 def test_local_executor_gives_each_worker_its_own_gpus(monkeypatch, tmp_path):

@@ -72,8 +72,9 @@ def test_metrics_every_step_and_log_every(tmp_path, tiny, pairs):
     records = read_metrics(tmp_path / "a")
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
     for r in records:
-        assert {"step", "loss", "lr", "padding", "units", "examples", "acc", "epoch"} <= set(r)
+        assert {"step", "loss", "lr", "padding", "units", "examples", "acc", "epoch", "step_s"} <= set(r)
         assert math.isfinite(r["loss"]) and 0.0 <= r["padding"] < 1.0 and r["examples"] == 8
+        assert r["step_s"] > 0.0  # the step's own wall seconds
     assert records == result.history
     assert records[0]["lr"] == 0.0 and records[1]["lr"] == pytest.approx(5e-4)  # warm-up of 2 steps
     assert (tmp_path / "a" / "checkpoints" / "step_5").is_dir()

@@ -3,25 +3,21 @@ will cost, from a short probe measured on this machine (a few training steps of 
 objective mix, and of each distinct model and task), before anything is spent."""
 from __future__ import annotations
 
+import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-PROBE_STEPS = 3  # timed steps per probe, after one untimed step (compare.probe.steps)
-
-
-def _timed(fit: Any, steps: int) -> float:
-    """Seconds of ``fit(steps)``."""
-    start = time.perf_counter()
-    fit(steps)
-    return time.perf_counter() - start
+PROBE_STEPS = 30  # timed steps per probe (compare.probe.steps)
+WARMUP_STEPS = 20  # untimed steps before them (compare.probe.warmup_steps): a run's first steps are slower, as its
+# first epoch builds each example and each new shape its kernels (benchmarks/probe_accuracy.py)
 
 
 def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = None,
-          finetune_batch_size: int | None = None) -> dict[str, float]:
+          finetune_batch_size: int | None = None, warmup_steps: int = WARMUP_STEPS) -> dict[str, float]:
     """Seconds per training step of each distinct (model, mix) pre-training and (model, task) fine-tuning:
-    the time of ``1 + steps`` steps minus that of one step (set-up, data and first-step costs cancel out).
+    the median of the trainer's ``step_s`` over ``steps`` steps after ``warmup_steps`` untimed ones (set-up and
+    end-of-run costs are not steps; the median shrugs off a step that another process slowed).
     Each distinct model is built once and trained on by every probe of it (timing only), one model at a time
     (three base-size models and their optimizer states together outgrow a 24 GB machine). ``batch_size``:
     probe at that batch and scale the time linearly to the unit's own batch (a base-size model on a CPU);
@@ -52,13 +48,15 @@ def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = No
         model = pipeline.build_run_model(comparison.environment(comparison.specs[next(iter(group.values())).run]))
         for kind, unit in group.items():
             batch = batch_size if unit.is_pretrain else finetune_batch_size
-            seconds[kind] = _probe_one(comparison, unit, model, steps, batch, precision)
+            times = step_times(comparison, unit, model, warmup_steps + steps, batch, precision)
+            seconds[kind] = statistics.median(times[warmup_steps:])
     return seconds
 
 
-def _probe_one(comparison: Any, unit: Any, model: Any, steps: int, batch_size: int | None,
-               precision: dict[str, str]) -> float:
-    """Seconds per training step of ``unit``'s kind on ``model``."""
+def step_times(comparison: Any, unit: Any, model: Any, steps: int, batch_size: int | None = None,
+               precision: dict[str, str] | None = None) -> list[float]:
+    """Wall seconds of each of ``steps`` training steps of ``unit``'s kind on ``model`` (the trainer's ``step_s``),
+    at ``batch_size`` (None: the unit's own) scaled linearly to the unit's batch, in a temporary folder."""
     from vlkit.compare.config import objective_mix
     from vlkit.train import pipeline
 
@@ -66,22 +64,18 @@ def _probe_one(comparison: Any, unit: Any, model: Any, steps: int, batch_size: i
     env = comparison.environment(spec)
     stage = "pretrain" if unit.is_pretrain else "finetune"
     extra = spec.trainer if unit.is_pretrain else (comparison.compare["trainer"].get("tasks") or {}).get(unit.task)
-
     full = comparison.trainer_cfg(stage, 1, extra)["batch_size"]
     scale = full / batch_size if batch_size else 1.0
-
-    def fit(n: int) -> None:
-        trainer = {**comparison.trainer_cfg(stage, n, extra), "save_every": 0, "log_every": 1,
-                   **({"batch_size": batch_size} if batch_size else {}), **precision}
-        with tempfile.TemporaryDirectory(prefix="vlkit-probe-") as tmp:
-            if unit.is_pretrain:
-                pipeline.pretrain_model(env, model, objective_mix(spec), trainer, Path(tmp), unit.seed)
-            else:
-                task_cfg = comparison.task_cfg(unit.task, spec)
-                pipeline.finetune_task(env, model, task_cfg, trainer, Path(tmp), unit.seed, (),
-                                       data=comparison.task_data(env, task_cfg))
-
-    return scale * max(0.0, _timed(fit, 1 + steps) - _timed(fit, 1)) / steps
+    trainer = {**comparison.trainer_cfg(stage, steps, extra), "save_every": 0,
+               **({"batch_size": batch_size} if batch_size else {}), **(precision or {})}
+    with tempfile.TemporaryDirectory(prefix="vlkit-probe-") as tmp:
+        if unit.is_pretrain:
+            _, result = pipeline.pretrain_model(env, model, objective_mix(spec), trainer, Path(tmp), unit.seed)
+        else:
+            task_cfg = comparison.task_cfg(unit.task, spec)
+            result = pipeline.finetune_task(env, model, task_cfg, trainer, Path(tmp), unit.seed, (),
+                                            data=comparison.task_data(env, task_cfg))[2]
+    return [scale * r["step_s"] for r in result.history]
 
 
 def probe_precision() -> dict[str, str]:
@@ -124,8 +118,9 @@ def dry_run(comparison: Any, settings: Any) -> str:
     device = f"{gpus} GPU(s)" if gpus else f"{settings.threads} CPU thread(s)"
     settings_probe = comparison.compare.get("probe") or {}
     probe_steps, probe_batch = int(settings_probe.get("steps") or PROBE_STEPS), settings_probe.get("batch_size")
+    warmup = int(settings_probe.get("warmup_steps", WARMUP_STEPS))
     finetune_batch = settings_probe.get("finetune_batch_size") or probe_batch
-    measured = probe(comparison, probe_steps, probe_batch, finetune_batch)
+    measured = probe(comparison, probe_steps, probe_batch, finetune_batch, warmup)
     lines, durations, depends = [], {}, {}
     for unit in units:
         key = comparison.key(unit)
@@ -147,8 +142,8 @@ def dry_run(comparison: Any, settings: Any) -> str:
     out = [f"vlkit compare dry run: {len(units)} units ({sum(u.is_pretrain for u in units)} pre-trainings) of "
            f"{len(comparison.specs)} run(s) x {len(comparison.compare['seeds'])} seed(s); nothing is run.", "",
            markdown_table(["unit", "after", "steps", "resources", "est. min"], lines), "",
-           f"Probe on this machine ({_device_name()}, {torch.get_num_threads()} torch thread(s), {probe_steps} timed "
-           f"steps each" + _batches(probe_batch, finetune_batch)
+           f"Probe on this machine ({_device_name()}, {torch.get_num_threads()} torch thread(s), median of {probe_steps} "
+           f"timed steps after {warmup} untimed" + _batches(probe_batch, finetune_batch)
            + (", in fp32" if probe_precision() else "") + f"): {probes}.",
            f"Estimated cost: {total / 3600:.2f} h of unit time = {hours:.2f} {what} "
            f"({unit_devices} device(s) per unit; training steps only, evaluations not included)."]

@@ -8,8 +8,9 @@ accumulation group and on every rank; ``micro_step`` the global micro-batch inde
     trainer = Trainer(module, TrainerConfig.from_preset("meter", max_steps=1000, output_dir="run"))
     trainer.fit(trainer.loader(dataset))
 
-Every run writes ``<output_dir>/metrics.jsonl`` (one object per logged step: step, loss, lr,
-padding, ...) and ``<output_dir>/checkpoints/step_<N>/``; ``resume=true`` continues bit-exactly.
+Every run writes ``<output_dir>/metrics.jsonl`` (one object per logged step: step, loss, lr, padding,
+step_s (the step's wall seconds), ...) and ``<output_dir>/checkpoints/step_<N>/``; ``resume=true``
+continues bit-exactly.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import contextlib
 import dataclasses
 import itertools
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
@@ -401,6 +403,7 @@ class Trainer:
         from accelerate.utils import gather_object
 
         cfg, acc = self.cfg, self.accelerator
+        start = time.perf_counter()
         model.train()
         losses: list[float] = []
         metrics: dict[str, list[float]] = {}
@@ -448,7 +451,8 @@ class Trainer:
         optimizer.zero_grad(set_to_none=True)
         padded = sum(r["padded"] for r in ranks)
         record.update(epoch=stream.epoch, examples=sum(r["examples"] for r in ranks), units=padded,
-                      padding=1.0 - sum(r["real"] for r in ranks) / padded if padded else 0.0)
+                      padding=1.0 - sum(r["real"] for r in ranks) / padded if padded else 0.0,
+                      step_s=time.perf_counter() - start)  # this process's wall seconds: data, passes, update
         return record
 
     def _check_finite(self, ranks: list[dict[str, Any]], step: int) -> None:
