@@ -22,10 +22,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from child import run_child
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 FAMILIES = ("vilbert", "uniter", "meter")
 
+# run from another checkout, which may lack benchmarks/child.py: it prints the RESULT line itself
 CHILD = r"""
 import json, sys, tempfile, torch
 from pathlib import Path
@@ -58,12 +61,8 @@ def checkout(ref: str, where: Path) -> Path:
 
 def measure(source: Path, family: str, cache: Path, threads: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(source), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-c", CHILD, family, str(cache), str(threads)], cwd=source, env=env,
-                         capture_output=True, text=True)
-    line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if out.returncode or line is None:
-        raise RuntimeError(f"{source} {family}: {out.stderr[-2000:]}")
-    return json.loads(line[len("RESULT "):])
+    return run_child([sys.executable, "-c", CHILD, family, str(cache), str(threads)], f"{source} {family}",
+                     cwd=source, env=env)
 
 
 def main() -> None:

@@ -16,9 +16,10 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+from child import report, run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -38,10 +39,8 @@ def unit_step_times(kind: str, cache: str) -> list[float]:
     cfg = resolve_config(compose("compare", ["compare=default", f"cache_dir={cache}", "progress=false"]))
     comparison = Comparison(cfg, Path(cache) / "out", progress=False)
     unit = next(u for u in comparison.all_units() if probe_kind(comparison, u) == kind)
-    budget = comparison.compare["budget"]
-    steps = budget["pretrain_steps"] if unit.is_pretrain else budget["finetune_steps"][unit.task]
     model = pipeline.build_run_model(comparison.environment(comparison.specs[unit.run]))
-    return step_times(comparison, unit, model, steps, precision=probe_precision())
+    return step_times(comparison, unit, model, comparison.unit_steps(unit), precision=probe_precision())
 
 
 def main() -> None:
@@ -53,19 +52,14 @@ def main() -> None:
     parser.add_argument("--one", help=argparse.SUPPRESS)  # child: one kind, prints its step times
     args = parser.parse_args()
     if args.one:
-        print("RESULT " + json.dumps(unit_step_times(args.one, args.cache)))
+        report(unit_step_times(args.one, args.cache))
         return
     rows = []
     for kind in args.kinds:
-        proc = subprocess.run([sys.executable, __file__, "--one", kind, "--cache", args.cache], cwd=ROOT,
-                              capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if line is None:
-            sys.exit(f"{kind}: the unit failed\n{proc.stderr[-3000:]}")
-        times = json.loads(line[len("RESULT "):])
+        times = run_child([sys.executable, __file__, "--one", kind, "--cache", args.cache], kind, cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
         truth = sum(times) / len(times)
-        row = {"kind": kind, "steps": len(times), "mean_step_s": truth,
-               "first_20_mean_s": sum(times[:20]) / len(times[:20]), "step_s": times}
+        row = {"kind": kind, "steps": len(times), "mean_step_s": truth, "step_s": times}
         for w in args.warmups:
             estimate = statistics.median(times[w:w + args.steps])
             row[f"probe_w{w}_s"], row[f"probe_w{w}_ratio"] = estimate, estimate / truth

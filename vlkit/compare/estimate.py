@@ -64,10 +64,9 @@ def step_times(comparison: Any, unit: Any, model: Any, steps: int, batch_size: i
     env = comparison.environment(spec)
     stage = "pretrain" if unit.is_pretrain else "finetune"
     extra = spec.trainer if unit.is_pretrain else (comparison.compare["trainer"].get("tasks") or {}).get(unit.task)
-    full = comparison.trainer_cfg(stage, 1, extra)["batch_size"]
-    scale = full / batch_size if batch_size else 1.0
-    trainer = {**comparison.trainer_cfg(stage, steps, extra), "save_every": 0,
-               **({"batch_size": batch_size} if batch_size else {}), **(precision or {})}
+    own = comparison.trainer_cfg(stage, steps, extra)
+    scale = own["batch_size"] / batch_size if batch_size else 1.0
+    trainer = {**own, "save_every": 0, **({"batch_size": batch_size} if batch_size else {}), **(precision or {})}
     with tempfile.TemporaryDirectory(prefix="vlkit-probe-") as tmp:
         if unit.is_pretrain:
             _, result = pipeline.pretrain_model(env, model, objective_mix(spec), trainer, Path(tmp), unit.seed)
@@ -112,7 +111,6 @@ def dry_run(comparison: Any, settings: Any) -> str:
     from vlkit.compare.report import markdown_table
 
     units = comparison.all_units()
-    budget = comparison.compare["budget"]
     gpus = settings.gpus_per_unit
     slurm_nodes = int(settings.slurm.get("nodes") or 1)
     device = f"{gpus} GPU(s)" if gpus else f"{settings.threads} CPU thread(s)"
@@ -126,7 +124,7 @@ def dry_run(comparison: Any, settings: Any) -> str:
         key = comparison.key(unit)
         parent = unit.depends_on()
         depends[key] = comparison.key(parent) if parent else None
-        steps = budget["pretrain_steps"] if unit.is_pretrain else budget["finetune_steps"][unit.task]
+        steps = comparison.unit_steps(unit)
         durations[key] = steps * measured[probe_kind(comparison, unit)]
         lines.append([key, depends[key] or "–", str(steps), device, f"{durations[key] / 60:.1f}"])
     total = sum(durations.values())

@@ -127,6 +127,11 @@ class Comparison:
     def key(self, unit: Unit) -> str:
         return unit.key(self.specs[unit.run].name)
 
+    def unit_steps(self, unit: Unit) -> int:
+        """The unit's training steps: the budget's pre-training steps, or its task's fine-tuning steps."""
+        budget = self.compare["budget"]
+        return budget["pretrain_steps"] if unit.is_pretrain else budget["finetune_steps"][unit.task]
+
     def unit_dir(self, unit: Unit) -> Path:
         return self.output_dir / "runs" / self.key(unit)
 
@@ -134,18 +139,17 @@ class Comparison:
         """Everything that decides a unit's result (its hash is the unit's identity on disk); a fine-tuning
         of the pre-trained variant includes its pre-training's."""
         spec = self.specs[unit.run]
-        budget = self.compare["budget"]
         common = {"model": spec.model, "data": run_data(self.cfg["data"], spec), "seed": unit.seed, "threads": self.cfg.get("threads"),
                   "gpus_per_unit": self.compare.get("gpus_per_unit") or 0, "eval_split": self.compare.get("eval_split", "val")}
         if unit.is_pretrain:
             zero_shot = "retrieval" in self.compare["tasks"] and self.compare.get("zero_shot", True)
             return {**common, "kind": "pretrain", "mix": objective_mix(spec),
-                    "trainer": self.trainer_cfg("pretrain", budget["pretrain_steps"], spec.trainer),
+                    "trainer": self.trainer_cfg("pretrain", self.unit_steps(unit), spec.trainer),
                     "itm_pairs": self.compare.get("itm_pairs", 2000),
                     "zero_shot": self.task_cfg("retrieval", spec) if zero_shot else None}
         parent = unit.depends_on()
         return {**common, "kind": "finetune", "variant": unit.variant, "task": self.task_cfg(unit.task, spec),
-                "trainer": self.trainer_cfg("finetune", budget["finetune_steps"][unit.task],
+                "trainer": self.trainer_cfg("finetune", self.unit_steps(unit),
                                             (self.compare["trainer"].get("tasks") or {}).get(unit.task)),
                 "pretraining": self.unit_config(parent) if parent else None}
 
@@ -166,7 +170,7 @@ class Comparison:
 
         spec, seed = self.specs[unit.run], unit.seed
         env = self.environment(spec)
-        steps = self.compare["budget"]["pretrain_steps"]
+        steps = self.unit_steps(unit)
         set_seed(seed)
         model = pipeline.build_run_model(env)
         seen: list[str] = []
@@ -219,7 +223,7 @@ class Comparison:
 
         spec, seed, task = self.specs[unit.run], unit.seed, unit.task
         env = self.environment(spec)
-        steps = self.compare["budget"]["finetune_steps"][task]
+        steps = self.unit_steps(unit)
         task_cfg = self.task_cfg(task, spec)
         start = time.perf_counter()
         data = self.task_data(env, task_cfg)  # before the seed: only this process's first unit of a task builds it
@@ -321,10 +325,6 @@ class Progress:
         self.start = time.perf_counter()
         self.per_step: dict[Any, list[float]] = {}
 
-    def steps(self, unit: Unit) -> int:
-        budget = self.comparison.compare["budget"]
-        return budget["pretrain_steps"] if unit.is_pretrain else budget["finetune_steps"][unit.task]
-
     @staticmethod
     def kinds(unit: Unit) -> tuple[Any, ...]:
         """The unit's kind, its stage, and everything: from the most to the least specific."""
@@ -334,7 +334,7 @@ class Progress:
     def estimate(self, unit: Unit) -> float:
         for kind in self.kinds(unit):
             if kind in self.per_step:
-                return self.steps(unit) * sum(self.per_step[kind]) / len(self.per_step[kind])
+                return self.comparison.unit_steps(unit) * sum(self.per_step[kind]) / len(self.per_step[kind])
         return 0.0
 
     def finished(self, unit: Unit, state: str, result: dict[str, Any] | None, note: str = "") -> None:
@@ -342,7 +342,7 @@ class Progress:
         self.remaining.remove(unit)
         if result is not None and state == "finished":
             for kind in self.kinds(unit):
-                self.per_step.setdefault(kind, []).append(result["wall_s"] / max(1, self.steps(unit)))
+                self.per_step.setdefault(kind, []).append(result["wall_s"] / max(1, self.comparison.unit_steps(unit)))
         done = self.total - len(self.remaining)
         elapsed = time.perf_counter() - self.start
         eta = sum(self.estimate(u) for u in self.remaining) / self.slots
