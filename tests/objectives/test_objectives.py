@@ -251,7 +251,7 @@ def test_meter_shares_its_deterministic_image_tower_when_the_text_tower_has_drop
         torch.manual_seed(3)
         with mock.patch.object(type(model), "encoding_modules", lambda self, side: (self,)) if not shared else \
                 contextlib.nullcontext():
-            out = pre(batch, step=0)
+            out = pre.train()(batch, step=0)  # train(): which encodings draw random numbers is read again
         out.loss.backward()
         assert len(images) == (1 if shared else 2)
         results.append((out.loss.detach(), [p.grad.clone() for p in pre.parameters() if p.grad is not None]))

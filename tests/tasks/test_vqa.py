@@ -281,15 +281,29 @@ def test_question_only_model_reads_what_a_question_gives_away():
     assert torch.equal(torch.rand(3), expected)  # the global RNG is untouched: a fine-tuning's seed stays its own
 
 
+def test_question_only_model_answers_what_the_soft_scores_reward():
+    """Counts whose annotators also give the neighbouring count: "2" is the most common target answer, but "1"
+    earns the most VQA accuracy over these questions (partial credit from the neighbours); trained on the soft
+    scores, the blind model answers "1"."""
+    def count(answer: str, neighbour: str) -> dict:
+        return {"question": "how many shapes are there?", "answers": [answer] * 8 + [neighbour] * 2,
+                "multiple_choice_answer": answer, "answer_type": "number", "question_type": "how many"}
+
+    train = [count("2", "1")] * 4 + [count("1", "0")] * 3  # expected score: "2" 4, "1" 4 x 2/3 + 3
+    answers = answer_vocabulary(train)
+    assert answers[0] == "2"  # the most common target answer
+    assert question_only_answers(train, ["how many shapes are there?"], answers) == ["1"]
+
+
 def test_shapes_questions_give_nothing_away_beyond_their_type():
-    """The balanced world: the question-only model scores at most 5 points above the per-question-type prior
-    on every answer type (the default comparison's splits)."""
+    """The balanced world: the question-only model scores within 5 points of the per-question-type prior on
+    every answer type (the default comparison's splits): nothing above it leaks from the question, and trained
+    on the soft scores it also takes the annotators' partial credit that the prior's answer collects."""
     w = ShapesWorld(seed=0, num_images=600, val_images=400)
     train, val = ([r for i in w.indices(s) for r in shapes_vqa_records(w, i)] for s in ("train", "val"))
     out = baseline_accuracies(train, val, answer_vocabulary(train), "2021")
     for kind in ("yes_no", "number", "other"):
-        # no more than 5 points above (it may score below: the prior takes the annotators' partial credit)
-        assert out[f"vqa_blind_{kind}"] <= out[f"vqa_prior_{kind}"] + 0.05, (kind, out)
+        assert abs(out[f"vqa_blind_{kind}"] - out[f"vqa_prior_{kind}"]) <= 0.05, (kind, out)
     assert out["vqa_prior_yes_no"] < 0.7 and out["vqa_prior_number"] < 0.45  # no answer dominates its type
 
 

@@ -140,6 +140,19 @@ class Pretraining(nn.Module):
             raise ValueError("objective mix: mask_only_matched needs an objective that mixes in pairs (itm)")
         self.mask_views = {o.view for o in self.objectives.values()} & set(MASK_VIEWS)
         self._keep_rows = "keep_rows" in inspect.signature(model.fuse).parameters  # the family prunes rows
+        self._shared_sides: dict[str, bool] | None = None
+
+    def train(self, mode: bool = True) -> "Pretraining":
+        self._shared_sides = None  # the modes change: which clean encodings can be shared is read again
+        return super().train(mode)
+
+    def shared_sides(self) -> dict[str, bool]:
+        """Per side (``text``, ``image``), whether its encoding draws no random numbers in the current mode, so
+        that the passes of a step can share one clean encoding (read once per `train` / `eval`)."""
+        if self._shared_sides is None:
+            self._shared_sides = {side: not any(stochastic(m) for m in self.model.encoding_modules(side))
+                                  for side in ("text", "image")}
+        return self._shared_sides
 
     def _add(self, name: str, options: dict[str, Any]) -> None:
         if name in self.objectives:
@@ -257,7 +270,7 @@ class Pretraining(nn.Module):
         metrics: dict[str, Any] = {}
         # unimodal encodings of the clean batch, shared by the passes that show it unchanged (or
         # permuted); per side, only when its encoding draws no random numbers (re-encoding gives the same)
-        clean = _CleanEncodings(self.model, batch)
+        clean = _CleanEncodings(self.model, batch, self.shared_sides())
         for views, scored in self.plan(self.active_units(step)):
             if views == {UNIMODAL}:
                 corrupted, ctx = batch, PassContext(original=batch)
@@ -293,12 +306,11 @@ def stochastic(module: nn.Module) -> bool:
 class _CleanEncodings:
     """``encode_text`` / ``encode_image`` of one step's clean batch, computed on first use and shared by
     the passes whose rows show it unchanged, for each side whose encoding is deterministic (the model's
-    ``encoding_modules`` draw no random numbers: METER's CLIP tower has no dropout, its text tower has)."""
+    ``encoding_modules`` draw no random numbers: METER's CLIP tower has no dropout, its text tower has;
+    ``shared``: `Pretraining.shared_sides`)."""
 
-    def __init__(self, model: VLModel, batch: VLBatch):
-        self.model, self.batch = model, batch
-        self.shared = {side: not any(stochastic(m) for m in model.encoding_modules(side))
-                       for side in ("text", "image")}
+    def __init__(self, model: VLModel, batch: VLBatch, shared: dict[str, bool]):
+        self.model, self.batch, self.shared = model, batch, shared
         self._cache: dict[str, Encoded] = {}
 
     def _get(self, side: str, rows: Tensor | None, batch: VLBatch) -> Encoded:

@@ -50,16 +50,30 @@ def _bag(question: str) -> list[str]:
     return words + [f"{a} {b}" for a, b in zip(words, words[1:])]
 
 
+def _soft_target(record: Mapping[str, Any], answer2label: Mapping[str, int]) -> tuple[list[int], list[float]] | None:
+    """(labels, scores) a question-only model trains on: the soft scores of the human answers, else the target
+    answer at 1; None when no answer is in the vocabulary."""
+    labels, scores = soft_scores(record.get("answers") or [], answer2label)
+    if labels:
+        return labels, scores
+    label = answer2label.get(_target_answer(record) or "")
+    return None if label is None else ([label], [1.0])
+
+
 def question_only_answers(train: Sequence[Mapping[str, Any]], questions: Sequence[str], answers: Sequence[str],
                           steps: int = 300, batch_size: int = 512, max_features: int = 5000) -> list[str]:
     """The question-only ("blind") baseline of VQA (Antol et al., 2015, "BoW Q"): a softmax regression from a
     question's bag of words and word pairs (the ``max_features`` most frequent in ``train``) to its answer
-    in ``answers``, trained on the ``train`` records' target answers (cross-entropy, Adam, ``steps`` batches,
-    from zero weights: deterministic); the answers it gives ``questions``. What it scores above the
-    per-question-type prior is what a question gives away without its image."""
+    in ``answers``, trained on the ``train`` records' soft scores ``min(1, n/3)`` (`soft_scores`, the targets
+    the VQA heads train on; the target answer alone for a record without human answers) by soft-target
+    cross-entropy (Adam, ``steps`` batches, from zero weights: deterministic); the answers it gives
+    ``questions``. Its softmax estimates each answer's expected score, so it answers what the VQA accuracy
+    rewards most (a count's neighbours earn annotators' partial credit), as a model trained on the
+    question alone would. What it scores above the per-question-type prior is what a question gives away
+    without its image."""
     answer2label = {a: k for k, a in enumerate(answers)}
-    pairs = [(_bag(r["question"]), answer2label.get(_target_answer(r) or "")) for r in train]
-    pairs = [(bag, label) for bag, label in pairs if label is not None]
+    pairs = [(_bag(r["question"]), _soft_target(r, answer2label)) for r in train]
+    pairs = [(bag, target) for bag, target in pairs if target is not None]
     counts = Counter(f for bag, _ in pairs for f in set(bag))
     feature = {f: k + 1 for k, f in enumerate(sorted(counts, key=lambda f: (-counts[f], f))[:max_features])}
 
@@ -75,11 +89,13 @@ def question_only_answers(train: Sequence[Mapping[str, Any]], questions: Sequenc
                                               padding_idx=0)
     bias = nn.Parameter(torch.zeros(len(answers)))
     optimizer = torch.optim.Adam([weights.weight, bias], lr=0.05)
-    inputs, labels = encode([bag for bag, _ in pairs]), torch.tensor([label for _, label in pairs], dtype=torch.long)
+    inputs, targets = encode([bag for bag, _ in pairs]), torch.zeros(len(pairs), len(answers))
+    for row, (labels, scores) in zip(targets, (target for _, target in pairs)):
+        row[labels] = torch.tensor(scores)
     order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(0))
     for step in range(steps if pairs else 0):
         batch = order[(torch.arange(batch_size) + step * batch_size) % len(pairs)]
-        loss = nn.functional.cross_entropy(weights(inputs[batch]) + bias, labels[batch])
+        loss = -(targets[batch] * (weights(inputs[batch]) + bias).log_softmax(-1)).sum(-1).mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -285,6 +285,7 @@ class Trainer:
         model = getattr(module, "model", module)
         self._patch_size = getattr(model, "patch_size", None)
         self._model: nn.Module | None = None
+        self._params: list[nn.Parameter] = []  # the prepared model's, during fit
 
     @property
     def log(self):
@@ -329,7 +330,7 @@ class Trainer:
     def _release(self) -> None:
         import gc
 
-        self._model = None
+        self._model, self._params = None, []
         self.accelerator.free_memory()  # its lists of prepared models, optimizers and loaders
         gc.collect()  # the DDP wrapper sits in reference cycles (its hooks): free it now, not at exit
 
@@ -374,6 +375,8 @@ class Trainer:
         last_eval: dict[str, float] = {}
         saved = path if restored is not None else None
         bar = progress(desc="train", total=cfg.max_steps, initial=step, enabled=cfg.progress)
+        model.train()  # once: an evaluation restores the mode it found
+        self._params = list(model.parameters())  # clipped every step: listed once (a module walk costs ms a step)
         try:
             while step < cfg.max_steps:
                 record = self._train_step(model, optimizer, scheduler, stream, step)
@@ -404,7 +407,6 @@ class Trainer:
 
         cfg, acc = self.cfg, self.accelerator
         start = time.perf_counter()
-        model.train()
         losses: list[float] = []
         metrics: dict[str, list[float]] = {}
         counts = {"examples": 0, "real": 0, "padded": 0}
@@ -441,7 +443,7 @@ class Trainer:
             record[name] = sum(values) / len(values)
         record["lr"] = cfg.lr * scheduler.lr_lambdas[0](scheduler.last_epoch)  # the lr of this update
         if cfg.grad_clip > 0:
-            record["grad_norm"] = float(acc.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+            record["grad_norm"] = float(acc.clip_grad_norm_(self._params, cfg.grad_clip))
             if acc.scaler is None and not math.isfinite(record["grad_norm"]):
                 raise NonFiniteLossError(f"step {step + 1}: the gradient norm is {record['grad_norm']} (loss "
                                          f"{record['loss']}); stopped before the optimizer step")
