@@ -123,6 +123,17 @@ def test_eval_fn_logged_and_rng_untouched(tmp_path, tiny, pairs):
     assert scored == {2: 1.0, 4: 2.0, 5: 3.0}
 
 
+def test_every_step_trains_in_train_mode(tmp_path, tiny, pairs):
+    """The trainer sets the train mode once per fit: a module handed over in eval mode trains in train mode, and
+    so does every step after an evaluation (which restores the mode it found), down to the leaf modules."""
+    module = tiny.make_module().eval()
+    modes = []
+    module.register_forward_pre_hook(lambda m, args: modes.append(all(x.training for x in m.modules())))
+    _fit(tiny, pairs, module=module, output_dir=tmp_path / "run", max_steps=5, eval_every=2,
+         eval_fn=lambda m: {"score": 1.0})
+    assert modes == [True] * 5
+
+
 def test_bf16_mixed_precision(tmp_path, tiny, pairs):
     fp32 = _fit(tiny, pairs, module=tiny.make_module(dropout=0.0), output_dir=tmp_path / "a", max_steps=3)
     bf16 = _fit(tiny, pairs, module=tiny.make_module(dropout=0.0), output_dir=tmp_path / "b", max_steps=3,
