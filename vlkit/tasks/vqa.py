@@ -44,6 +44,14 @@ def soft_scores(answers: Sequence[str], answer2label: Mapping[str, int]) -> tupl
     return [label for label, _ in pairs], [score for _, score in pairs]
 
 
+def dense_scores(labels: Sequence[int], scores: Sequence[float], num_answers: int) -> torch.Tensor:
+    """[num_answers] soft scores: ``scores`` at ``labels``, 0 elsewhere."""
+    soft = torch.zeros(num_answers)
+    if labels:
+        soft[torch.tensor(labels, dtype=torch.long)] = torch.tensor(scores, dtype=torch.float32)
+    return soft
+
+
 def _bag(question: str) -> list[str]:
     """A question's words and word pairs (lower case)."""
     words = re.findall(r"[a-z0-9]+", question.lower())
@@ -89,13 +97,12 @@ def question_only_answers(train: Sequence[Mapping[str, Any]], questions: Sequenc
                                               padding_idx=0)
     bias = nn.Parameter(torch.zeros(len(answers)))
     optimizer = torch.optim.Adam([weights.weight, bias], lr=0.05)
-    inputs, targets = encode([bag for bag, _ in pairs]), torch.zeros(len(pairs), len(answers))
-    for row, (labels, scores) in zip(targets, (target for _, target in pairs)):
-        row[labels] = torch.tensor(scores)
+    inputs = encode([bag for bag, _ in pairs])
+    targets = torch.stack([dense_scores(*target, len(answers)) for _, target in pairs]) if pairs else None
     order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(0))
     for step in range(steps if pairs else 0):
         batch = order[(torch.arange(batch_size) + step * batch_size) % len(pairs)]
-        loss = -(targets[batch] * (weights(inputs[batch]) + bias).log_softmax(-1)).sum(-1).mean()
+        loss = nn.functional.cross_entropy(weights(inputs[batch]) + bias, targets[batch])  # soft targets
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -152,10 +159,7 @@ class VQATargets:
         self.num_answers = num_answers
 
     def __call__(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        soft = torch.zeros(self.num_answers)
-        if row["labels"]:
-            soft[torch.tensor(row["labels"], dtype=torch.long)] = torch.tensor(row["scores"], dtype=torch.float32)
-        return {"soft_targets": soft, "answers": list(row.get("answers") or []),
+        return {"soft_targets": dense_scores(row["labels"], row["scores"], self.num_answers), "answers": list(row.get("answers") or []),
                 "answer_type": row.get("answer_type") or "", "question_type": row.get("question_type") or ""}
 
 
