@@ -222,8 +222,7 @@ def test_shapes_files_load_through_the_readers(shapes_dir, world):
             (q["question_id"], str(q["image_id"]), q["question"], [a["answer"] for a in q["answers"]]) for q in expected]
         nlvr2 = formats.read_nlvr2(d / FILES["nlvr2"].format(split=split))
         assert [(r["left_image"], r["right_image"], r["label"]) for r in nlvr2] == [
-            (world.nlvr2(i)["left_image"], world.nlvr2(i)["right_image"], world.nlvr2(i)["label"] == "True")
-            for i in world.indices(split)]
+            (r["left_image"], r["right_image"], r["label"] == "True") for i in world.indices(split) for r in world.nlvr2(i)]
         ve = formats.read_snli_ve(d / FILES["snli_ve"].format(split=split))
         assert [(r["image_id"], r["hypothesis"], r["label"]) for r in ve] == [
             (h["Flickr30K_ID"], h["sentence2"], h["gold_label"]) for i in world.indices(split) for h in world.snli_ve(i)]

@@ -161,10 +161,10 @@ def _attributes_named(question: str) -> tuple[bool, bool, bool]:
     return (bool(words & {*KINDS, *(k + "s" for k in KINDS), "crosses"}), bool(words & set(COLORS)), bool(words & set(SIZES)))
 
 
-@pytest.fixture(scope="module")
-def balanced():
-    """The default comparison's world: 600 training, 400 evaluation images."""
-    w = ShapesWorld(seed=0, num_images=600, val_images=400)
+@pytest.fixture(scope="module", params=[1, 4], ids=["eval_rounds1", "eval_rounds4"])
+def balanced(request):
+    """The default comparison's world: 600 training, 400 evaluation images (1 or 4 rounds of questions each)."""
+    w = ShapesWorld(seed=0, num_images=600, val_images=400, eval_rounds=request.param)
     return w, {s: [q for i in w.indices(s) for q in w.vqa(i)] for s in ("train", "val")}
 
 
@@ -192,7 +192,36 @@ def test_vqa_answers_balanced_per_template_and_attributes(balanced):
             if sum(counts.values()) >= 40:
                 share = max(counts.values()) / sum(counts.values())
                 assert share <= (0.6 if key[0] == "exist" else 0.4), (split, key, counts)
-    assert len(splits["val"]) == 5 * 400
+    if w.eval_rounds == 1:
+        assert len(splits["val"]) == 5 * 400
+
+
+def test_eval_rounds_ask_more_questions_of_held_out_images_only(balanced):
+    """Later rounds ask each evaluation image new questions (and NLVR2 statements), as long as every answer stays
+    within 10% of its template's rarest; the training split and its ids are those of one round."""
+    w, splits = balanced
+    one = ShapesWorld(seed=0, num_images=600, val_images=400)
+    assert all(w.vqa(i) == one.vqa(i) and w.nlvr2(i) == one.nlvr2(i) for i in w.indices("train"))
+    for i in w.indices("val"):
+        questions = [q["question"] for q in w.vqa(i)]
+        later = questions[5:]  # after the first round's five
+        assert len(set(later)) == len(later) and not set(later) & set(questions[:5])
+        assert [q["question_id"] for q in w.vqa(i)] == [i * 1000 + k for k in range(len(questions))]
+        statements = w.nlvr2(i)
+        assert len({s["sentence"] for s in statements}) == len(statements) <= w.eval_rounds
+        assert [s["identifier"] for s in statements] == [f"val-{i}-0-{r}" for r in range(len(statements))]
+    val_nlvr2 = [s for i in w.indices("val") for s in w.nlvr2(i)]
+    if w.eval_rounds == 1:
+        assert len(splits["val"]) == 5 * 400 and len(val_nlvr2) == 400
+    else:  # 2.7x the questions and 2.8x the statements of one round on the default world
+        assert len(splits["val"]) > 2.5 * 5 * 400 and len(val_nlvr2) > 2.5 * 400
+        labels = Counter(s["label"] for s in val_nlvr2)
+        assert abs(labels["True"] - labels["False"]) <= 0.02 * len(val_nlvr2)
+
+
+def test_eval_rounds_must_be_positive():
+    with pytest.raises(ValueError, match="eval_rounds must be >= 1, got 0"):
+        ShapesWorld(seed=0, num_images=10, eval_rounds=0)
 
 
 def test_balancer_asks_a_question_of_complementary_images():
@@ -214,15 +243,19 @@ def test_balancer_asks_a_question_of_complementary_images():
     assert balancer.pick(image(("red", "yes"), ("blue", "yes"))).annotation == "blue=yes"
     assert balancer.pick(image(("red", "maybe"))) is None  # outside the template's answers
     assert dict(balancer.counts["template", "exist"]) == {"yes": 4, "no": 2}
+    # with slack (a later round's question), none rather than a yes given more than 1.1 x as often as no
+    assert balancer.pick(image(("green", "yes")), slack=0.1) is None
+    assert balancer.pick(image(("green", "yes"), ("green", "no")), slack=0.1).annotation == "green=no"
+    assert dict(balancer.counts["template", "exist"]) == {"yes": 4, "no": 3}
 
 
 def test_vqa_balancing_is_per_split_and_order_free(balanced):
     w, splits = balanced
-    again = ShapesWorld(seed=0, num_images=600, val_images=400)
+    again = ShapesWorld(seed=0, num_images=600, val_images=400, eval_rounds=w.eval_rounds)
     assert [again.vqa(i) for i in reversed(w.indices("val"))][::-1] == [w.vqa(i) for i in w.indices("val")]
     # one balancer per split, in index order: an image's questions depend on the images before it in its split
     # only, so neither another split's size nor the images after it change them
-    other = ShapesWorld(seed=0, num_images=600, val_images=100)
+    other = ShapesWorld(seed=0, num_images=600, val_images=100, eval_rounds=w.eval_rounds)
     assert [other.vqa(i) for i in range(700)] == [w.vqa(i) for i in range(700)]
 
 
@@ -300,7 +333,7 @@ def test_nlvr2_pairs_and_balanced_labels(reader):
     w = ShapesWorld(seed=2, num_images=300)
     labels, per_template = Counter(), {}
     for j in range(300):
-        rec = w.nlvr2(j)
+        [rec] = w.nlvr2(j)
         left, right = int(rec["left_image"]), int(rec["right_image"])
         assert left == j and right != j and w.split(right) == w.split(j)
         assert rec["identifier"].startswith(w.split(j) + "-")
@@ -344,7 +377,7 @@ def test_tokenizer_covers_every_generated_text(world):
         texts += world.captions(i) + [q["question"] for q in world.vqa(i)]
         texts += [q["multiple_choice_answer"] for q in world.vqa(i)]
         texts += [s["sent"] for r in world.refexps(i) for s in r["sentences"]]
-        texts += [world.nlvr2(i)["sentence"]] + [h["sentence2"] for h in world.snli_ve(i)]
+        texts += [r["sentence"] for r in world.nlvr2(i)] + [h["sentence2"] for h in world.snli_ve(i)]
     for text in texts:
         ids = tok(text)["input_ids"]
         assert tok.unk_token_id not in ids, text

@@ -130,10 +130,9 @@ def extend_image_token_types(model: nn.Module) -> None:
 # The task
 # --------------------------------------------------------------------------------------------
 def shapes_nlvr2_records(world: Any, i: int) -> list[dict]:
-    """The statement about shapes images (i, partner) as a `vlkit.data.formats.read_nlvr2` record."""
-    r = world.nlvr2(i)
+    """The statements about shapes images (i, partner) as `vlkit.data.formats.read_nlvr2` records."""
     return [{"id": r["identifier"], "left_image": r["left_image"], "right_image": r["right_image"],
-             "sentence": r["sentence"], "label": r["label"] == "True"}]
+             "sentence": r["sentence"], "label": r["label"] == "True"} for r in world.nlvr2(i)]
 
 
 def _nlvr2_files(path: Any) -> list[dict]:

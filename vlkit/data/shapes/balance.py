@@ -24,7 +24,8 @@ class AnswerBalancer:
     """Counts the answers given so far per key and per template over one split. `pick` takes, of an image's
     candidates in preference order, the first whose answer is among the least given ones of its key and of
     its template (over the template's answer range); when none is, the one that unbalances them least (its
-    key first)."""
+    key first). With ``slack``, none rather than one whose answer would be given more than ``1 + slack`` times
+    as often as its template's least given one."""
 
     def __init__(self, answer_ranges: Mapping[str, Sequence[str]]):
         self.ranges = answer_ranges
@@ -34,7 +35,13 @@ class AnswerBalancer:
         counts = self.counts[group]
         return counts[candidate.answer] - min(counts[a] for a in self.ranges[candidate.template])
 
-    def pick(self, candidates: Iterable[Candidate]) -> Candidate | None:
+    def _within(self, group: Hashable, candidate: Candidate, slack: float) -> bool:
+        """Whether ``group`` stays balanced within ``slack`` once ``candidate`` is given."""
+        counts = self.counts[group]
+        return counts[candidate.answer] + 1 <= max(1 + min(counts[a] for a in self.ranges[candidate.template]),
+                                                   (1 + slack) * min(counts[a] for a in self.ranges[candidate.template]))
+
+    def pick(self, candidates: Iterable[Candidate], slack: float | None = None) -> Candidate | None:
         best, best_excess = None, None
         for candidate in candidates:
             if candidate.answer not in self.ranges[candidate.template]:
@@ -46,6 +53,9 @@ class AnswerBalancer:
             if excess <= (0, 0):
                 break
         if best is None:
+            return None
+        if slack is not None and not all(self._within(group, best, slack) for group in (("key", best.key),
+                                                                                      ("template", best.template))):
             return None
         self.counts["key", best.key][best.answer] += 1
         self.counts["template", best.template][best.answer] += 1

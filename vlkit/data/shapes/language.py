@@ -81,6 +81,7 @@ VQA_ANSWER_RANGES = {"color": COLORS, "shape": KINDS, "count": tuple(str(n) for 
                      "exist": ("yes", "no"), "relation": ("yes", "no"), "side_h": ("left", "right"),
                      "side_v": ("above", "below")}
 NLVR2_LABEL_RANGES = {name: ("True", "False") for name in _NLVR2_TEMPLATES}
+ROUND_SLACK = 0.1  # a later round's question may not make its answer more than 10% more frequent than the rarest
 DRAWS = 24  # candidate annotations drawn per image and slot, in preference order, for the balancer
 
 
@@ -244,7 +245,8 @@ class ShapesLanguage:
     # ---- VQA --------------------------------------------------------------------------------
     def vqa(self, i: int) -> list[dict]:
         """VQA v2 style questions with 10 answers each (question and annotation fields merged): one colour,
-        shape, count, existence and spatial question per image, balanced over the image's split."""
+        shape, count, existence and spatial question per image and round (`rounds`), balanced over the
+        image's split; ``question_id`` is ``image index x 1000 + k``, as VQA v2's."""
         return self._balanced("vqa", i)
 
     @functools.cached_property
@@ -265,17 +267,27 @@ class ShapesLanguage:
 
     def _vqa_of(self, i: int, balancer: AnswerBalancer) -> list[dict]:
         scene, rng = self.scene(i), self._rng("vqa", i)
-        slots = [self._q_color(rng, scene), self._q_shape(rng, scene), self._q_count(rng, scene),
-                 self._q_exist(rng, scene), self._q_relation(rng, scene)]
-        out = []
-        for candidates in slots:  # a slot without candidates (no unique reference, no clear pair) asks a count
-            chosen = balancer.pick(candidates or self._q_count(rng, scene))
-            question, answer, answer_type, question_type, distractors = chosen.annotation
-            out.append({
-                "question_id": int(i) * 10 + len(out), "image_id": int(i), "question": question,
-                "answers": self._human_answers(rng, answer, distractors),
-                "multiple_choice_answer": answer, "answer_type": answer_type, "question_type": question_type,
-            })
+        out: list[dict] = []
+        for r in range(self.rounds(i)):
+            if r == 0:  # a slot without candidates (no unique reference, no clear pair) asks a count
+                slots = [self._q_color(rng, scene), self._q_shape(rng, scene), self._q_count(rng, scene),
+                         self._q_exist(rng, scene), self._q_relation(rng, scene)]
+                picks = (balancer.pick(candidates or self._q_count(rng, scene)) for candidates in slots)
+            else:  # new questions that keep the split balanced; no counts (too few scenes hold 3 of a kind)
+                asked = {q["question"] for q in out}
+                slots = [self._q_color(rng, scene), self._q_shape(rng, scene), self._q_exist(rng, scene),
+                         self._q_relation(rng, scene)]
+                picks = (balancer.pick((c for c in candidates if c.annotation[0] not in asked), slack=ROUND_SLACK)
+                         for candidates in slots)
+            for chosen in picks:
+                if chosen is None:
+                    continue
+                question, answer, answer_type, question_type, distractors = chosen.annotation
+                out.append({
+                    "question_id": int(i) * 1000 + len(out), "image_id": int(i), "question": question,
+                    "answers": self._human_answers(rng, answer, distractors),
+                    "multiple_choice_answer": answer, "answer_type": answer_type, "question_type": question_type,
+                })
         return out
 
     @staticmethod
@@ -413,21 +425,27 @@ class ShapesLanguage:
         k += pool.start
         return k + 1 if k >= j else k
 
-    def nlvr2(self, j: int) -> dict:
-        """A statement about images (j, partner) with a True/False label, balanced per template over the split."""
+    def nlvr2(self, j: int) -> list[dict]:
+        """Statements about images (j, partner) with a True/False label, one per round (`rounds`), balanced
+        per template over the split; identifiers ``<split>-<j>-0-<k>`` (NLVR2's ``split-set-pair-sentence``)."""
         return self._balanced("nlvr2", j)
 
-    def _nlvr2_of(self, j: int, balancer: AnswerBalancer) -> dict:
-        right = self.nlvr2_partner(j)
+    def _nlvr2_of(self, j: int, balancer: AnswerBalancer) -> list[dict]:
+        right, split = self.nlvr2_partner(j), self.split(j)
         scenes, rng = (self.scene(j), self.scene(right)), self._rng("nlvr2", j)
-        candidates = []
-        for _ in range(2 * DRAWS):
-            template, key, sentence, label = self._nlvr2_statement(rng, *scenes)
-            candidates.append(Candidate(template, key, str(label), sentence))
-        chosen = balancer.pick(candidates)
-        split = self.split(j)
-        return {"identifier": f"{split}-{j}-0-0", "left_image": str(j), "right_image": str(right),
-                "sentence": chosen.annotation, "label": chosen.answer}
+        out: list[dict] = []
+        for r in range(self.rounds(j)):
+            said = {s["sentence"] for s in out}
+            candidates = []
+            for _ in range(2 * DRAWS):
+                template, key, sentence, label = self._nlvr2_statement(rng, *scenes)
+                if sentence not in said:
+                    candidates.append(Candidate(template, key, str(label), sentence))
+            chosen = balancer.pick(candidates, slack=ROUND_SLACK if r else None)
+            if chosen is not None:
+                out.append({"identifier": f"{split}-{j}-0-{len(out)}", "left_image": str(j), "right_image": str(right),
+                            "sentence": chosen.annotation, "label": chosen.answer})
+        return out
 
     def _nlvr2_statement(self, rng, left: Scene, right: Scene) -> tuple[str, tuple, str, bool]:
         """(template, balancing key: the template, the attributes named and the number said, statement, truth)."""

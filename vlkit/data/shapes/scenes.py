@@ -129,7 +129,7 @@ class ShapeScenes:
     """Deterministic scenes and their renders: everything depends only on ``(seed, index)``."""
 
     def __init__(self, seed: int = 0, num_images: int = 2000, image_size: int = 128, val_images: int | None = None,
-                 test_images: int | None = None):
+                 test_images: int | None = None, eval_rounds: int = 1):
         if seed < 0:
             raise ValueError(f"ShapesWorld: seed must be >= 0, got {seed}")
         if num_images < 1:
@@ -138,7 +138,9 @@ class ShapeScenes:
             raise ValueError(f"ShapesWorld: image_size must be >= 64 px, got {image_size}")
         if min(val_images or 0, test_images or 0) < 0:
             raise ValueError(f"ShapesWorld: val_images / test_images must be >= 0, got {val_images} / {test_images}")
-        self.seed, self.image_size = int(seed), int(image_size)
+        if eval_rounds < 1:
+            raise ValueError(f"ShapesWorld: eval_rounds must be >= 1, got {eval_rounds}")
+        self.seed, self.image_size, self.eval_rounds = int(seed), int(image_size), int(eval_rounds)
         self.sized_splits = val_images is not None or test_images is not None
         if self.sized_splits:  # num_images training images, the evaluation images after them
             self.split_sizes = (int(num_images), int(val_images or 0), int(test_images or 0))
@@ -152,9 +154,10 @@ class ShapeScenes:
 
     @classmethod
     def from_cfg(cls, cfg: Any) -> "ShapeScenes":
-        """From a data config (``conf/data/shapes.yaml``: seed, num_images, image_size, val_images, test_images)."""
+        """From a data config (``conf/data/shapes.yaml``: seed, num_images, image_size, val_images, test_images,
+        eval_rounds)."""
         return cls(cfg.get("seed", 0), cfg.get("num_images", 2000), cfg.get("image_size", 128),
-                   cfg.get("val_images"), cfg.get("test_images"))
+                   cfg.get("val_images"), cfg.get("test_images"), cfg.get("eval_rounds") or 1)
 
     def __len__(self) -> int:
         return self.num_images
@@ -162,7 +165,8 @@ class ShapeScenes:
     def __repr__(self) -> str:
         sizes = (f", val_images={self.split_sizes[1]}, test_images={self.split_sizes[2]}" if self.sized_splits else "")
         n = self.split_sizes[0] if self.sized_splits else self.num_images
-        return f"{type(self).__name__}(seed={self.seed}, num_images={n}, image_size={self.image_size}{sizes})"
+        rounds = f", eval_rounds={self.eval_rounds}" if self.eval_rounds != 1 else ""
+        return f"{type(self).__name__}(seed={self.seed}, num_images={n}, image_size={self.image_size}{sizes}{rounds})"
 
     def _rng(self, stream: str, i: int) -> np.random.Generator:
         return np.random.default_rng((self.seed, _STREAMS[stream], i))
@@ -187,6 +191,12 @@ class ShapeScenes:
         """The split of image ``i``: train, then val, then test (in index order)."""
         i = self._check(i)
         return next(s for s in SPLITS if i in self.indices(s))
+
+    def rounds(self, i: int) -> int:
+        """How many rounds of annotations image ``i`` gets: ``eval_rounds`` on the evaluation splits (val,
+        test), 1 on train. More labelled questions per held-out image lower an evaluation's variance at no
+        image cost; the training data stays the same."""
+        return 1 if self.split(i) == "train" else self.eval_rounds
 
     def indices(self, split: str) -> range:
         if split not in SPLITS:

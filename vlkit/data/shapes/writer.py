@@ -81,7 +81,7 @@ def _annotation_files(world: ShapesWorld) -> tuple[dict[str, bytes], dict[str, A
             by_split[split]["annotations"].append({k: q[k] for k in (
                 "question_type", "multiple_choice_answer", "answers", "image_id", "answer_type", "question_id")})
         refs += [{k: v for k, v in r.items() if k not in ("object_index", "bbox")} for r in world.refexps(i)]
-        by_split[split]["nlvr2"].append(world.nlvr2(i))
+        by_split[split]["nlvr2"] += world.nlvr2(i)
         by_split[split]["snli_ve"] += world.snli_ve(i)
 
     files = {
@@ -181,7 +181,8 @@ def write_shapes(world: ShapesWorld, out: str | Path, flush_every: int = 256,
 
 
 def make_shapes_main(cfg) -> None:
-    """``vlkit make-shapes out=DIR num_images=N seed=S [image_size=128] [val_images=V test_images=T]``."""
+    """``vlkit make-shapes out=DIR num_images=N seed=S [image_size=128] [val_images=V test_images=T]
+    [eval_rounds=R]``."""
     from tqdm import tqdm
 
     from vlkit.data.shapes import ShapesWorld
