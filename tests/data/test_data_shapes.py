@@ -468,3 +468,15 @@ def test_evaluation_splits_sized_on_their_own():
     assert all(world.captions(i) == ShapesWorld(seed=0, num_images=30).captions(i) for i in (0, 7, 29))
     with pytest.raises(ValueError, match="val_images"):
         ShapesWorld(seed=0, num_images=30, val_images=-1)
+
+
+def test_shared_world_is_one_instance_per_configuration():
+    """Every family's environment in a process reads one world per data config (its balanced annotations are
+    drawn once), the same annotations as a world of its own."""
+    from vlkit.data.shapes import shared_world
+
+    cfg = {"name": "shapes", "seed": 3, "num_images": 30, "val_images": 10, "eval_rounds": 2}
+    world = shared_world(cfg)
+    assert shared_world({**cfg, "split": "val"}) is world and shared_world({**cfg, "seed": 4}) is not world
+    alone = ShapesWorld.from_cfg(cfg)
+    assert [world.vqa(i) for i in range(40)] == [alone.vqa(i) for i in range(40)]

@@ -422,3 +422,23 @@ def test_itc_learns_to_align_on_shapes_sized_inputs(build_tiny):
         out.loss.backward()
         opt.step()
     assert out.loss.item() < 0.5 * first.loss.item() and out.metrics["itc/acc"] == 1.0
+
+
+def test_kmeans_codebook_seeds_one_centre_per_cluster_and_is_seeded():
+    """MIM's k-means codebook: k-means++ seeding (incremental distances) puts one centre in each of three
+    well-separated clusters; the fit is a function of its seed."""
+    import numpy as np
+
+    from vlkit.objectives.mim import KMeansPatchTokenizer, _kmeans_plusplus
+
+    rng = np.random.default_rng(0)
+    means = np.array([[0.0, 0.0], [20.0, 20.0], [-20.0, 20.0]])
+    x = np.repeat(means, 500, 0) + rng.normal(size=(1500, 2))
+    for seed in range(5):
+        centres = _kmeans_plusplus(x, 3, np.random.default_rng(seed))
+        nearest = np.linalg.norm(centres[:, None] - means[None], axis=-1).argmin(1)
+        assert sorted(nearest.tolist()) == [0, 1, 2], (seed, centres)
+    pixels = torch.rand(24, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    a, b, c = (KMeansPatchTokenizer(8, 16).fit(pixels, seed=s) for s in (0, 0, 1))
+    assert torch.equal(a.centroids, b.centroids) and not torch.equal(a.centroids, c.centroids)
+    assert a.encode(pixels, 16).shape == (24, 4)

@@ -115,9 +115,9 @@ def prepare_environment(model_cfg: Mapping[str, Any], data_cfg: Mapping[str, Any
     image = data.setdefault("image", {})
     world = None
     if data.get("name") == "shapes":
-        from vlkit.data.shapes import ShapesWorld
+        from vlkit.data.shapes import shared_world
 
-        world = ShapesWorld.from_cfg(data)
+        world = shared_world(data)
         if cls.image_input == "regions" and image.get("source", "shapes") == "shapes":
             image.update(source="features", path=str(shapes_feature_store(world, cache_dir(cache), progress)))
     if cls.image_input == "pixels":

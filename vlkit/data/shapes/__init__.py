@@ -16,6 +16,9 @@ in the official formats).
 """
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from vlkit.data.shapes.language import ShapesLanguage, shapes_tokenizer, shapes_vocab
 from vlkit.data.shapes.scenes import (ATTRIBUTES, COLORS, KINDS, OBJECT_CLASSES, PALETTE, SIZES, SPLITS, Scene,
                                       ShapeObject, ShapeScenes, shape_mask)
@@ -26,6 +29,17 @@ class ShapesWorld(ShapesLanguage, ShapeScenes):
     """Deterministic scenes and annotations: everything depends only on ``(seed, index)``."""
 
 
+@functools.lru_cache(maxsize=8)
+def _shared_world(args: tuple) -> ShapesWorld:
+    return ShapesWorld(*args)
+
+
+def shared_world(cfg: Any) -> ShapesWorld:
+    """`ShapesWorld.from_cfg`, one instance per configuration and process, so that its annotations (the balanced
+    VQA questions and NLVR2 statements take seconds to draw) are made once for every model family."""
+    return _shared_world(ShapesWorld.cfg_args(cfg))
+
+
 __all__ = ["ATTRIBUTES", "COLORS", "FILES", "KINDS", "OBJECT_CLASSES", "PALETTE", "SIZES", "SPLITS", "Scene",
            "ShapeObject", "ShapesWorld", "make_shapes_main", "shape_mask", "shapes_tokenizer", "shapes_vocab",
-           "write_shapes"]
+           "shared_world", "write_shapes"]

@@ -152,12 +152,17 @@ class ShapeScenes:
         self._scenes: OrderedDict[int, Scene] = OrderedDict()
         self._images: OrderedDict[int, Image.Image] = OrderedDict()
 
+    @staticmethod
+    def cfg_args(cfg: Any) -> tuple:
+        """The constructor's arguments from a data config (``conf/data/shapes.yaml``: seed, num_images,
+        image_size, val_images, test_images, eval_rounds)."""
+        return (cfg.get("seed", 0), cfg.get("num_images", 2000), cfg.get("image_size", 128), cfg.get("val_images"),
+                cfg.get("test_images"), cfg.get("eval_rounds") or 1)
+
     @classmethod
     def from_cfg(cls, cfg: Any) -> "ShapeScenes":
-        """From a data config (``conf/data/shapes.yaml``: seed, num_images, image_size, val_images, test_images,
-        eval_rounds)."""
-        return cls(cfg.get("seed", 0), cfg.get("num_images", 2000), cfg.get("image_size", 128),
-                   cfg.get("val_images"), cfg.get("test_images"), cfg.get("eval_rounds") or 1)
+        """From a data config (`cfg_args`)."""
+        return cls(*cls.cfg_args(cfg))
 
     def __len__(self) -> int:
         return self.num_images
