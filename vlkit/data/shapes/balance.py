@@ -24,8 +24,8 @@ class AnswerBalancer:
     """Counts the answers given so far per key and per template over one split. `pick` takes, of an image's
     candidates in preference order, the first whose answer is among the least given ones of its key and of
     its template (over the template's answer range); when none is, the one that unbalances them least (its
-    key first). With ``slack``, none rather than one whose answer would be given more than ``1 + slack`` times
-    as often as its template's least given one."""
+    key first). With ``slack``, none rather than one whose answer would then exceed the least given answer of
+    its key or of its template by more than one and by more than ``slack`` times that answer's count."""
 
     def __init__(self, answer_ranges: Mapping[str, Sequence[str]]):
         self.ranges = answer_ranges
@@ -38,8 +38,8 @@ class AnswerBalancer:
     def _within(self, group: Hashable, candidate: Candidate, slack: float) -> bool:
         """Whether ``group`` stays balanced within ``slack`` once ``candidate`` is given."""
         counts = self.counts[group]
-        return counts[candidate.answer] + 1 <= max(1 + min(counts[a] for a in self.ranges[candidate.template]),
-                                                   (1 + slack) * min(counts[a] for a in self.ranges[candidate.template]))
+        least = min(counts[a] for a in self.ranges[candidate.template])
+        return counts[candidate.answer] + 1 <= max(least + 1, (1 + slack) * least)
 
     def pick(self, candidates: Iterable[Candidate], slack: float | None = None) -> Candidate | None:
         best, best_excess = None, None
