@@ -18,9 +18,9 @@ def split_list(split: Any) -> list[str]:
 @register_dataset("shapes")
 def shapes_pairs(cfg: Mapping[str, Any]) -> ImageTextPairs:
     """Captions of the embedded shapes world (5 per image) for ``cfg.split``, images rendered on the fly."""
-    from vlkit.data.shapes import ShapesWorld
+    from vlkit.data.shapes import shared_world
 
-    world = ShapesWorld.from_cfg(cfg)
+    world = shared_world(cfg)
     records = [{"id": f"{i}#{k}", "image_id": world.image_id(i), "caption": c}
                for split in split_list(cfg.get("split", "train")) for i in world.indices(split)
                for k, c in enumerate(world.captions(i))]

@@ -31,15 +31,17 @@ class AnswerBalancer:
         self.ranges = answer_ranges
         self.counts: dict[Hashable, Counter] = defaultdict(Counter)
 
+    def _least(self, group: Hashable, candidate: Candidate) -> int:
+        """How often the least given answer of ``candidate``'s template was given in ``group``."""
+        return min(self.counts[group][a] for a in self.ranges[candidate.template])
+
     def _excess(self, group: Hashable, candidate: Candidate) -> int:
-        counts = self.counts[group]
-        return counts[candidate.answer] - min(counts[a] for a in self.ranges[candidate.template])
+        return self.counts[group][candidate.answer] - self._least(group, candidate)
 
     def _within(self, group: Hashable, candidate: Candidate, slack: float) -> bool:
         """Whether ``group`` stays balanced within ``slack`` once ``candidate`` is given."""
-        counts = self.counts[group]
-        least = min(counts[a] for a in self.ranges[candidate.template])
-        return counts[candidate.answer] + 1 <= max(least + 1, (1 + slack) * least)
+        least = self._least(group, candidate)
+        return self.counts[group][candidate.answer] + 1 <= max(least + 1, (1 + slack) * least)
 
     def pick(self, candidates: Iterable[Candidate], slack: float | None = None) -> Candidate | None:
         best, best_excess = None, None

@@ -268,18 +268,15 @@ class ShapesLanguage:
     def _vqa_of(self, i: int, balancer: AnswerBalancer) -> list[dict]:
         scene, rng = self.scene(i), self._rng("vqa", i)
         out: list[dict] = []
-        for r in range(self.rounds(i)):
-            if r == 0:  # a slot without candidates (no unique reference, no clear pair) asks a count
-                slots = [self._q_color(rng, scene), self._q_shape(rng, scene), self._q_count(rng, scene),
-                         self._q_exist(rng, scene), self._q_relation(rng, scene)]
-                picks = (balancer.pick(candidates or self._q_count(rng, scene)) for candidates in slots)
-            else:  # new questions that keep the split balanced; no counts (too few scenes hold 3 of a kind)
-                asked = {q["question"] for q in out}
-                slots = [self._q_color(rng, scene), self._q_shape(rng, scene), self._q_exist(rng, scene),
-                         self._q_relation(rng, scene)]
-                picks = (balancer.pick((c for c in candidates if c.annotation[0] not in asked), slack=ROUND_SLACK)
-                         for candidates in slots)
-            for chosen in picks:
+        for r in range(self.rounds(i)):  # a later round: new questions that keep the split balanced, no counts
+            asked = {q["question"] for q in out} if r else ()  # (too few scenes hold 3 of a kind to balance them)
+            makers = (self._q_color, self._q_shape, self._q_count, self._q_exist, self._q_relation)
+            slots = [make(rng, scene) for make in makers if r == 0 or make != self._q_count]
+            for candidates in slots:
+                if r == 0:  # a slot without candidates (no unique reference, no clear pair) asks a count
+                    candidates = candidates or self._q_count(rng, scene)
+                chosen = balancer.pick((c for c in candidates if c.annotation[0] not in asked),
+                                       slack=ROUND_SLACK if r else None)
                 if chosen is None:
                     continue
                 question, answer, answer_type, question_type, distractors = chosen.annotation
