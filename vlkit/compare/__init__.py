@@ -91,6 +91,7 @@ def main(cfg: Any, overrides: list[str] | None = None) -> int:
     comparison = Comparison(cfg, Path(cfg.get("output_dir") or "."), progress=cfg.get("progress", True))
     check_claims(compare.get("claims") or [], [s.name for s in comparison.specs])
     comparison.check_task_sources()
+    comparison.check_trainers()
     executor_cls = EXECUTORS.get(compare.get("executor") or "local")
     if cfg.get("dry_run"):
         from vlkit.compare.estimate import dry_run

@@ -19,6 +19,7 @@ class RunSpec:
     objectives: Any = None
     mix: dict[str, Any] = field(default_factory=dict)  # overrides of the mix (masking, sampling ...)
     trainer: dict[str, Any] = field(default_factory=dict)  # overrides of the pre-training trainer
+    finetune_trainer: dict[str, Any] = field(default_factory=dict)  # of the fine-tuning trainer ({tasks: {<task>: ...}})
     baseline: bool = True  # also fine-tune the same model without pre-training
     task_overrides: dict[str, Any] = field(default_factory=dict)  # task -> config overrides for this run only
     tasks: list[str] | None = None  # a subset of the comparison's tasks for this run (None: all of them)
@@ -102,7 +103,8 @@ def run_specs(compare: dict[str, Any]) -> list[RunSpec]:
         model = entry.pop("model")
         model = {"name": model} if isinstance(model, str) else dict(model)
         entry.setdefault("baseline", compare.get("baseline", True))
-        unknown = set(entry) - {"name", "objectives", "mix", "trainer", "baseline", "task_overrides", "tasks", "data"}
+        unknown = set(entry) - {"name", "objectives", "mix", "trainer", "finetune_trainer", "baseline", "task_overrides",
+                                "tasks", "data"}
         if unknown:
             raise KeyError(f"compare.runs[{entry['name']}]: unknown key(s) {', '.join(sorted(unknown))}")
         if set(entry.get("data") or {}) - {"image"}:

@@ -62,9 +62,7 @@ def step_times(comparison: Any, unit: Any, model: Any, steps: int, batch_size: i
 
     spec = comparison.specs[unit.run]
     env = comparison.environment(spec)
-    stage = "pretrain" if unit.is_pretrain else "finetune"
-    extra = spec.trainer if unit.is_pretrain else (comparison.compare["trainer"].get("tasks") or {}).get(unit.task)
-    own = comparison.trainer_cfg(stage, steps, extra)
+    own = comparison.unit_trainer(unit, steps)
     scale = own["batch_size"] / batch_size if batch_size else 1.0
     trainer = {**own, "save_every": 0, **({"batch_size": batch_size} if batch_size else {}), **(precision or {})}
     with tempfile.TemporaryDirectory(prefix="vlkit-probe-") as tmp:

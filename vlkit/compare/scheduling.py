@@ -74,6 +74,33 @@ class Comparison:
             base["cpu"] = False
         return base
 
+    def unit_trainer(self, unit: Unit, steps: int | None = None) -> dict[str, Any]:
+        """A unit's trainer (`trainer_cfg`) at ``steps`` (None: its budget). Overrides apply in this order:
+        ``compare.trainer.tasks.<task>``, the run's ``finetune_trainer``, then its ``finetune_trainer.tasks.<task>``;
+        a pre-training takes the run's ``trainer``."""
+        spec = self.specs[unit.run]
+        steps = self.unit_steps(unit) if steps is None else steps
+        if unit.is_pretrain:
+            return self.trainer_cfg("pretrain", steps, spec.trainer)
+        own = dict(spec.finetune_trainer)
+        own_tasks = own.pop("tasks", None) or {}
+        shared = (self.compare["trainer"].get("tasks") or {}).get(unit.task) or {}
+        return self.trainer_cfg("finetune", steps, {**shared, **own, **(own_tasks.get(unit.task) or {})})
+
+    def check_trainers(self) -> None:
+        """Refuse, before any work, a trainer override that no unit could train with (an unknown key, a
+        negative rate ...), naming the run and the stage."""
+        from omegaconf.errors import OmegaConfBaseException
+
+        from vlkit.train.trainer import TrainerConfig
+
+        for unit in self.all_units():
+            try:
+                TrainerConfig.from_cfg(self.unit_trainer(unit))
+            except (OmegaConfBaseException, ValueError) as err:
+                stage = "pre-training" if unit.is_pretrain else f"{unit.task} fine-tuning"
+                raise ValueError(f"compare: run {self.specs[unit.run].name}, {stage} trainer: {str(err).splitlines()[0]}") from None
+
     def task_cfg(self, name: str, spec: RunSpec | None = None) -> dict[str, Any]:
         return task_cfg(self.compare, name, spec)
 
@@ -144,13 +171,12 @@ class Comparison:
         if unit.is_pretrain:
             zero_shot = "retrieval" in self.compare["tasks"] and self.compare.get("zero_shot", True)
             return {**common, "kind": "pretrain", "mix": objective_mix(spec),
-                    "trainer": self.trainer_cfg("pretrain", self.unit_steps(unit), spec.trainer),
+                    "trainer": self.unit_trainer(unit),
                     "itm_pairs": self.compare.get("itm_pairs", 2000),
                     "zero_shot": self.task_cfg("retrieval", spec) if zero_shot else None}
         parent = unit.depends_on()
         return {**common, "kind": "finetune", "variant": unit.variant, "task": self.task_cfg(unit.task, spec),
-                "trainer": self.trainer_cfg("finetune", self.unit_steps(unit),
-                                            (self.compare["trainer"].get("tasks") or {}).get(unit.task)),
+                "trainer": self.unit_trainer(unit),
                 "pretraining": self.unit_config(parent) if parent else None}
 
     def unit_hash(self, unit: Unit) -> str:
@@ -170,14 +196,12 @@ class Comparison:
 
         spec, seed = self.specs[unit.run], unit.seed
         env = self.environment(spec)
-        steps = self.unit_steps(unit)
         set_seed(seed)
         model = pipeline.build_run_model(env)
         seen: list[str] = []
         start = time.perf_counter()
         out_dir = self.unit_dir(unit)
-        pre, result = pipeline.pretrain_model(env, model, objective_mix(spec), self.trainer_cfg("pretrain", steps, spec.trainer),
-                                              out_dir, seed, seen)
+        pre, result = pipeline.pretrain_model(env, model, objective_mix(spec), self.unit_trainer(unit), out_dir, seed, seen)
         wall = time.perf_counter() - start
         dataset = pipeline.pretraining_dataset(env)
         curve = read_metrics(out_dir)  # every step since step 0, also after a resume
@@ -223,7 +247,6 @@ class Comparison:
 
         spec, seed, task = self.specs[unit.run], unit.seed, unit.task
         env = self.environment(spec)
-        steps = self.unit_steps(unit)
         task_cfg = self.task_cfg(task, spec)
         start = time.perf_counter()
         data = self.task_data(env, task_cfg)  # before the seed: only this process's first unit of a task builds it
@@ -232,11 +255,8 @@ class Comparison:
         model = pipeline.load_pretraining(self.unit_dir(parent)) if parent else pipeline.build_run_model(env)
         out_dir = self.unit_dir(unit)
         seen: list[str] = []
-        module, data, _, raw = pipeline.finetune_task(env, model, task_cfg,
-                                                      self.trainer_cfg("finetune", steps,
-                                                                       (self.compare["trainer"].get("tasks") or {}).get(task)),
-                                                      out_dir, seed, (self.compare.get("eval_split", "val"),), seen,
-                                                      data=data)
+        module, data, _, raw = pipeline.finetune_task(env, model, task_cfg, self.unit_trainer(unit), out_dir, seed,
+                                                      (self.compare.get("eval_split", "val"),), seen, data=data)
         metrics = {_metric_name(task, k.split("/", 1)[1]): v for k, v in raw.items()}
         out = {"wall_s": time.perf_counter() - start, "task": task, "metrics": metrics, "params": _parameters(module.model),
                "finetune_ids": {str(out_dir.relative_to(self.output_dir)): digest(seen)},

@@ -1,0 +1,47 @@
+"""A run's own fine-tuning trainer (``finetune_trainer``, e.g. METER's official learning-rate multipliers): it
+applies after the comparison's, per task where it says so, and a bad key is refused before any work."""
+import pytest
+
+from vlkit.cli import compose, main
+from vlkit.compare.config import resolve_config
+from vlkit.compare.scheduling import Comparison
+from vlkit.compare.units import Unit
+
+RUNS = ("- {name: uniter, model: {name: uniter, preset: tiny}, objectives: uniter}\n"
+        "- {name: meter, model: {name: meter, preset: tiny}, objectives: meter,\n"
+        "   finetune_trainer: {lr_mult: 5, tasks: {vqa: {lr_mult_head: 50}}}}\n")
+
+
+def comparison(tmp_path, runs: str) -> Comparison:
+    tmp_path.mkdir(exist_ok=True)
+    path = tmp_path / "runs.yaml"
+    path.write_text(runs)
+    return Comparison(resolve_config(compose("compare", [f"compare={path}"])), tmp_path, progress=False)
+
+
+def test_a_runs_finetune_trainer_applies_after_the_comparisons_per_task(tmp_path):
+    comp = comparison(tmp_path, RUNS)
+    shared = comp.compare["trainer"]
+    uniter_vqa, meter_vqa = (comp.unit_trainer(Unit(run, 0, "scratch", "vqa")) for run in (0, 1))
+    meter_retrieval = comp.unit_trainer(Unit(1, 0, "pretrained", "retrieval"))
+    assert uniter_vqa["lr_mult_head"] == shared["finetune"]["lr_mult_head"] == 10 and "lr_mult" not in uniter_vqa
+    assert (meter_vqa["lr_mult"], meter_vqa["lr_mult_head"]) == (5, 50)
+    assert (meter_retrieval["lr_mult"], meter_retrieval["lr_mult_head"]) == (5, 10)
+    assert meter_retrieval["group_by_length"] == 0  # compare.trainer.tasks.retrieval still applies
+    assert comp.unit_trainer(Unit(1, 0)) == comp.unit_trainer(Unit(0, 0))  # pre-training: the run's `trainer`
+    assert meter_vqa["max_steps"] == comp.compare["budget"]["finetune_steps"]["vqa"]
+    assert comp.unit_hash(Unit(1, 0, "scratch", "vqa")) != comparison(tmp_path / "b", RUNS.replace("50", "10")).unit_hash(
+        Unit(1, 0, "scratch", "vqa"))
+    comp.check_trainers()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("{lr_multt: 5}", "run meter, vqa fine-tuning trainer: Key 'lr_multt' not in 'TrainerConfig'"),
+    ("{tasks: {retrieval: {lr_mult_head: -1}}}", "run meter, retrieval fine-tuning trainer: trainer.lr_mult_head must be >= 0"),
+])
+def test_a_bad_finetune_trainer_is_refused_before_any_work_naming_the_run(tmp_path, override, message):
+    path = tmp_path / "runs.yaml"
+    path.write_text(RUNS.replace("{lr_mult: 5, tasks: {vqa: {lr_mult_head: 50}}}", override))
+    with pytest.raises(ValueError, match=message):
+        main(["compare", f"compare={path}", f"output_dir={tmp_path / 'out'}"])
+    assert not (tmp_path / "out").exists()
