@@ -161,10 +161,10 @@ def _attributes_named(question: str) -> tuple[bool, bool, bool]:
     return (bool(words & {*KINDS, *(k + "s" for k in KINDS), "crosses"}), bool(words & set(COLORS)), bool(words & set(SIZES)))
 
 
-@pytest.fixture(scope="module", params=[1, 4], ids=["eval_rounds1", "eval_rounds4"])
+@pytest.fixture(scope="module", params=[1, 4], ids=["rounds1", "rounds4"])
 def balanced(request):
     """The default comparison's world: 600 training, 400 evaluation images (1 or 4 rounds of questions each)."""
-    w = ShapesWorld(seed=0, num_images=600, val_images=400, eval_rounds=request.param)
+    w = ShapesWorld(seed=0, num_images=600, val_images=400, eval_rounds=request.param, train_rounds=request.param)
     return w, {s: [q for i in w.indices(s) for q in w.vqa(i)] for s in ("train", "val")}
 
 
@@ -196,32 +196,40 @@ def test_vqa_answers_balanced_per_template_and_attributes(balanced):
         assert len(splits["val"]) == 5 * 400
 
 
-def test_eval_rounds_ask_more_questions_of_held_out_images_only(balanced):
-    """Later rounds ask each evaluation image new questions (and NLVR2 statements), as long as every answer stays
-    within 10% of its template's rarest; the training split and its ids are those of one round."""
+def test_rounds_ask_more_questions_of_each_split_on_its_own(balanced):
+    """Later rounds ask each image new questions (and NLVR2 statements), as long as every answer stays within 10%
+    of its template's rarest; a split's annotations depend on its own rounds only (eval_rounds: val and test,
+    train_rounds: train)."""
     w, splits = balanced
+    held_out_only = ShapesWorld(seed=0, num_images=600, val_images=400, eval_rounds=w.eval_rounds)
     one = ShapesWorld(seed=0, num_images=600, val_images=400)
-    assert all(w.vqa(i) == one.vqa(i) and w.nlvr2(i) == one.nlvr2(i) for i in w.indices("train"))
-    for i in w.indices("val"):
-        questions = [q["question"] for q in w.vqa(i)]
-        later = questions[5:]  # after the first round's five
-        assert len(set(later)) == len(later) and not set(later) & set(questions[:5])
-        assert [q["question_id"] for q in w.vqa(i)] == [i * 1000 + k for k in range(len(questions))]
-        statements = w.nlvr2(i)
-        assert len({s["sentence"] for s in statements}) == len(statements) <= w.eval_rounds
-        assert [s["identifier"] for s in statements] == [f"val-{i}-0-{r}" for r in range(len(statements))]
-    val_nlvr2 = [s for i in w.indices("val") for s in w.nlvr2(i)]
-    if w.eval_rounds == 1:
-        assert len(splits["val"]) == 5 * 400 and len(val_nlvr2) == 400
-    else:  # 2.7x the questions and 2.8x the statements of one round on the default world
-        assert len(splits["val"]) > 2.5 * 5 * 400 and len(val_nlvr2) > 2.5 * 400
-        labels = Counter(s["label"] for s in val_nlvr2)
-        assert abs(labels["True"] - labels["False"]) <= 0.02 * len(val_nlvr2)
+    assert all(w.vqa(i) == held_out_only.vqa(i) and w.nlvr2(i) == held_out_only.nlvr2(i) for i in w.indices("val"))
+    assert all(held_out_only.vqa(i) == one.vqa(i) and held_out_only.nlvr2(i) == one.nlvr2(i)
+               for i in w.indices("train"))
+    for split in ("train", "val"):
+        for i in w.indices(split):
+            questions = [q["question"] for q in w.vqa(i)]
+            assert len(set(questions)) >= len(questions) - 1  # the first round may repeat its count question
+            later = questions[5:]  # after the first round's five
+            assert len(set(later)) == len(later) and not set(later) & set(questions[:5])
+            assert [q["question_id"] for q in w.vqa(i)] == [i * 1000 + k for k in range(len(questions))]
+            statements = w.nlvr2(i)
+            assert len({s["sentence"] for s in statements}) == len(statements) <= w.rounds(i)
+            assert [s["identifier"] for s in statements] == [f"{split}-{i}-0-{r}" for r in range(len(statements))]
+        nlvr2 = [s for i in w.indices(split) for s in w.nlvr2(i)]
+        images = len(w.indices(split))
+        if w.rounds(w.indices(split)[0]) == 1:
+            assert len(splits[split]) == 5 * images and len(nlvr2) == images
+        else:  # 2.7x the questions and 2.8x the statements of one round on the default world
+            assert len(splits[split]) > 2.5 * 5 * images and len(nlvr2) > 2.5 * images
+            labels = Counter(s["label"] for s in nlvr2)
+            assert abs(labels["True"] - labels["False"]) <= 0.02 * len(nlvr2)
 
 
-def test_eval_rounds_must_be_positive():
-    with pytest.raises(ValueError, match="eval_rounds must be >= 1, got 0"):
-        ShapesWorld(seed=0, num_images=10, eval_rounds=0)
+@pytest.mark.parametrize("name", ["eval_rounds", "train_rounds"])
+def test_rounds_must_be_positive(name):
+    with pytest.raises(ValueError, match=f"{name} must be >= 1, got 0"):
+        ShapesWorld(seed=0, num_images=10, **{name: 0})
 
 
 def test_balancer_asks_a_question_of_complementary_images():
@@ -251,11 +259,11 @@ def test_balancer_asks_a_question_of_complementary_images():
 
 def test_vqa_balancing_is_per_split_and_order_free(balanced):
     w, splits = balanced
-    again = ShapesWorld(seed=0, num_images=600, val_images=400, eval_rounds=w.eval_rounds)
+    again = ShapesWorld(seed=0, num_images=600, val_images=400, eval_rounds=w.eval_rounds, train_rounds=w.train_rounds)
     assert [again.vqa(i) for i in reversed(w.indices("val"))][::-1] == [w.vqa(i) for i in w.indices("val")]
     # one balancer per split, in index order: an image's questions depend on the images before it in its split
     # only, so neither another split's size nor the images after it change them
-    other = ShapesWorld(seed=0, num_images=600, val_images=100, eval_rounds=w.eval_rounds)
+    other = ShapesWorld(seed=0, num_images=600, val_images=100, eval_rounds=w.eval_rounds, train_rounds=w.train_rounds)
     assert [other.vqa(i) for i in range(700)] == [w.vqa(i) for i in range(700)]
 
 

@@ -295,13 +295,13 @@ def test_question_only_model_answers_what_the_soft_scores_reward():
     assert question_only_answers(train, ["how many shapes are there?"], answers) == ["1"]
 
 
-@pytest.mark.parametrize("eval_rounds", [1, 4])
-def test_shapes_questions_give_nothing_away_beyond_their_type(eval_rounds):
+@pytest.mark.parametrize("rounds", [1, 4])
+def test_shapes_questions_give_nothing_away_beyond_their_type(rounds):
     """The balanced world: the question-only model scores within 5 points of the per-question-type prior on
-    every answer type (the default comparison's splits, 4 rounds of evaluation questions): nothing above it
+    every answer type (the default comparison's splits, 4 rounds of questions per image): nothing above it
     leaks from the question, and trained on the soft scores it also takes the annotators' partial credit that
     the prior's answer collects."""
-    w = ShapesWorld(seed=0, num_images=600, val_images=400, eval_rounds=eval_rounds)
+    w = ShapesWorld(seed=0, num_images=600, val_images=400, eval_rounds=rounds, train_rounds=rounds)
     train, val = ([r for i in w.indices(s) for r in shapes_vqa_records(w, i)] for s in ("train", "val"))
     out = baseline_accuracies(train, val, answer_vocabulary(train), "2021")
     for kind in ("yes_no", "number", "other"):

@@ -129,7 +129,7 @@ class ShapeScenes:
     """Deterministic scenes and their renders: everything depends only on ``(seed, index)``."""
 
     def __init__(self, seed: int = 0, num_images: int = 2000, image_size: int = 128, val_images: int | None = None,
-                 test_images: int | None = None, eval_rounds: int = 1):
+                 test_images: int | None = None, eval_rounds: int = 1, train_rounds: int = 1):
         if seed < 0:
             raise ValueError(f"ShapesWorld: seed must be >= 0, got {seed}")
         if num_images < 1:
@@ -138,9 +138,11 @@ class ShapeScenes:
             raise ValueError(f"ShapesWorld: image_size must be >= 64 px, got {image_size}")
         if min(val_images or 0, test_images or 0) < 0:
             raise ValueError(f"ShapesWorld: val_images / test_images must be >= 0, got {val_images} / {test_images}")
-        if eval_rounds < 1:
-            raise ValueError(f"ShapesWorld: eval_rounds must be >= 1, got {eval_rounds}")
-        self.seed, self.image_size, self.eval_rounds = int(seed), int(image_size), int(eval_rounds)
+        for name, rounds in (("eval_rounds", eval_rounds), ("train_rounds", train_rounds)):
+            if rounds < 1:
+                raise ValueError(f"ShapesWorld: {name} must be >= 1, got {rounds}")
+        self.seed, self.image_size = int(seed), int(image_size)
+        self.eval_rounds, self.train_rounds = int(eval_rounds), int(train_rounds)
         self.sized_splits = val_images is not None or test_images is not None
         if self.sized_splits:  # num_images training images, the evaluation images after them
             self.split_sizes = (int(num_images), int(val_images or 0), int(test_images or 0))
@@ -155,9 +157,9 @@ class ShapeScenes:
     @staticmethod
     def cfg_args(cfg: Any) -> tuple:
         """The constructor's arguments from a data config (``conf/data/shapes.yaml``: seed, num_images,
-        image_size, val_images, test_images, eval_rounds)."""
+        image_size, val_images, test_images, eval_rounds, train_rounds)."""
         return (cfg.get("seed", 0), cfg.get("num_images", 2000), cfg.get("image_size", 128), cfg.get("val_images"),
-                cfg.get("test_images"), cfg.get("eval_rounds") or 1)
+                cfg.get("test_images"), cfg.get("eval_rounds") or 1, cfg.get("train_rounds") or 1)
 
     @classmethod
     def from_cfg(cls, cfg: Any) -> "ShapeScenes":
@@ -170,7 +172,8 @@ class ShapeScenes:
     def __repr__(self) -> str:
         sizes = (f", val_images={self.split_sizes[1]}, test_images={self.split_sizes[2]}" if self.sized_splits else "")
         n = self.split_sizes[0] if self.sized_splits else self.num_images
-        rounds = f", eval_rounds={self.eval_rounds}" if self.eval_rounds != 1 else ""
+        rounds = "".join(f", {name}={n}" for name, n in (("eval_rounds", self.eval_rounds),
+                                                          ("train_rounds", self.train_rounds)) if n != 1)
         return f"{type(self).__name__}(seed={self.seed}, num_images={n}, image_size={self.image_size}{sizes}{rounds})"
 
     def _rng(self, stream: str, i: int) -> np.random.Generator:
@@ -198,10 +201,10 @@ class ShapeScenes:
         return next(s for s in SPLITS if i in self.indices(s))
 
     def rounds(self, i: int) -> int:
-        """How many rounds of annotations image ``i`` gets: ``eval_rounds`` on the evaluation splits (val,
-        test), 1 on train. More labelled questions per held-out image lower an evaluation's variance at no
-        image cost; the training data stays the same."""
-        return 1 if self.split(i) == "train" else self.eval_rounds
+        """How many rounds of annotations image ``i`` gets: ``train_rounds`` on train, ``eval_rounds`` on the
+        evaluation splits (val, test). More labelled questions per image cost no images: on held-out images
+        they lower an evaluation's variance, on training images they give fine-tuning more examples."""
+        return self.train_rounds if self.split(i) == "train" else self.eval_rounds
 
     def indices(self, split: str) -> range:
         if split not in SPLITS:
