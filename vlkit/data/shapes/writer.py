@@ -182,7 +182,7 @@ def write_shapes(world: ShapesWorld, out: str | Path, flush_every: int = 256,
 
 def make_shapes_main(cfg) -> None:
     """``vlkit make-shapes out=DIR num_images=N seed=S [image_size=128] [val_images=V test_images=T]
-    [eval_rounds=R]``."""
+    [eval_rounds=R] [train_rounds=R]``."""
     from tqdm import tqdm
 
     from vlkit.data.shapes import ShapesWorld
