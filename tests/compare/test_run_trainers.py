@@ -35,13 +35,15 @@ def test_a_runs_finetune_trainer_applies_after_the_comparisons_per_task(tmp_path
     comp.check_trainers()
 
 
-@pytest.mark.parametrize("override, message", [
-    ("{lr_multt: 5}", "run meter, vqa fine-tuning trainer: Key 'lr_multt' not in 'TrainerConfig'"),
-    ("{tasks: {retrieval: {lr_mult_head: -1}}}", "run meter, retrieval fine-tuning trainer: trainer.lr_mult_head must be >= 0"),
+@pytest.mark.parametrize("override, error, message", [
+    ("{lr_multt: 5}", ValueError, "run meter, vqa fine-tuning trainer: Key 'lr_multt' not in 'TrainerConfig'"),
+    ("{tasks: {retrieval: {lr_mult_head: -1}}}", ValueError,
+     "run meter, retrieval fine-tuning trainer: trainer.lr_mult_head must be >= 0"),
+    ("{tasks: {vqaa: {lr_mult_head: 50}}}", KeyError, r"runs\[meter\].finetune_trainer.tasks: \['vqaa'\] are not among"),
 ])
-def test_a_bad_finetune_trainer_is_refused_before_any_work_naming_the_run(tmp_path, override, message):
+def test_a_bad_finetune_trainer_is_refused_before_any_work_naming_the_run(tmp_path, override, error, message):
     path = tmp_path / "runs.yaml"
     path.write_text(RUNS.replace("{lr_mult: 5, tasks: {vqa: {lr_mult_head: 50}}}", override))
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(error, match=message):
         main(["compare", f"compare={path}", f"output_dir={tmp_path / 'out'}"])
     assert not (tmp_path / "out").exists()

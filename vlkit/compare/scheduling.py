@@ -99,7 +99,8 @@ class Comparison:
                 TrainerConfig.from_cfg(self.unit_trainer(unit))
             except (OmegaConfBaseException, ValueError) as err:
                 stage = "pre-training" if unit.is_pretrain else f"{unit.task} fine-tuning"
-                raise ValueError(f"compare: run {self.specs[unit.run].name}, {stage} trainer: {str(err).splitlines()[0]}") from None
+                raise ValueError(f"compare: run {self.specs[unit.run].name}, {stage} trainer: "
+                                 f"{str(err).splitlines()[0]}") from None
 
     def task_cfg(self, name: str, spec: RunSpec | None = None) -> dict[str, Any]:
         return task_cfg(self.compare, name, spec)
