@@ -39,7 +39,7 @@ def test_a_runs_finetune_trainer_applies_after_the_comparisons_per_task(tmp_path
     ("{lr_multt: 5}", ValueError, "run meter, vqa fine-tuning trainer: Key 'lr_multt' not in 'TrainerConfig'"),
     ("{tasks: {retrieval: {lr_mult_head: -1}}}", ValueError,
      "run meter, retrieval fine-tuning trainer: trainer.lr_mult_head must be >= 0"),
-    ("{tasks: {vqaa: {lr_mult_head: 50}}}", KeyError, r"runs\[meter\].finetune_trainer.tasks: \['vqaa'\] are not among"),
+    ("{tasks: {vqaa: {lr_mult_head: 50}}}", KeyError, r"runs\[meter\].finetune_trainer.tasks: unknown task\(s\) \['vqaa'\]"),
 ])
 def test_a_bad_finetune_trainer_is_refused_before_any_work_naming_the_run(tmp_path, override, error, message):
     path = tmp_path / "runs.yaml"

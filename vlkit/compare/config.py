@@ -95,6 +95,8 @@ def comparison_file(path: str | Path) -> str:
 
 
 def run_specs(compare: dict[str, Any]) -> list[RunSpec]:
+    from vlkit.registry import TASKS
+
     specs = []
     for entry in compare["runs"]:
         entry = dict(entry)
@@ -114,10 +116,10 @@ def run_specs(compare: dict[str, Any]) -> list[RunSpec]:
         if extra:
             raise KeyError(f"compare.runs[{entry['name']}]: tasks {sorted(extra)} are not among compare.tasks "
                            f"{list(compare['tasks'])}")
-        extra = set((entry.get("finetune_trainer") or {}).get("tasks") or {}) - set(compare["tasks"])
-        if extra:
-            raise KeyError(f"compare.runs[{entry['name']}].finetune_trainer.tasks: {sorted(extra)} are not among "
-                           f"compare.tasks {list(compare['tasks'])}")
+        unknown = set((entry.get("finetune_trainer") or {}).get("tasks") or {}) - set(TASKS.names())
+        if unknown:
+            raise KeyError(f"compare.runs[{entry['name']}].finetune_trainer.tasks: unknown task(s) {sorted(unknown)}; "
+                           f"tasks: {', '.join(TASKS.names())}")
         specs.append(RunSpec(model=model, add_objectives=dict(compare.get("add_objectives") or {}), **entry))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
