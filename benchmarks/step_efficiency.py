@@ -104,6 +104,7 @@ def replay_seconds(recorder: KernelRecorder, calls: Counter, repeats: int = 3) -
 def measure_family(comparison: Any, index: int, steps: int) -> dict[str, Any]:
     """FLOPs, wall seconds and replayed kernel seconds of one pre-training step of run ``index``."""
     from vlkit.compare.config import objective_mix
+    from vlkit.compare.units import Unit
     from vlkit.train import pipeline
 
     spec = comparison.specs[index]
@@ -112,7 +113,7 @@ def measure_family(comparison: Any, index: int, steps: int) -> dict[str, Any]:
 
     def fit(n: int, counter: FlopCounterMode | None = None, recorder: KernelRecorder | None = None) -> float:
         model = pipeline.build_run_model(env)
-        trainer = {**comparison.trainer_cfg("pretrain", n, spec.trainer), "save_every": 0, "log_every": 1}
+        trainer = {**comparison.unit_trainer(Unit(index, 0), n), "save_every": 0, "log_every": 1}
         with tempfile.TemporaryDirectory(prefix="vlkit-step-") as tmp:
             start = time.perf_counter()
             if counter is None:
@@ -132,7 +133,7 @@ def measure_family(comparison: Any, index: int, steps: int) -> dict[str, Any]:
     flops = (counted[1][0] - counted[0][0]) / steps
     calls = counted[1][1].calls - counted[0][1].calls
     kernels = replay_seconds(counted[1][1], calls) / steps
-    batch = comparison.trainer_cfg("pretrain", 1, spec.trainer)["batch_size"]
+    batch = comparison.unit_trainer(Unit(index, 0))["batch_size"]
     return {"run": spec.name, "batch_size": batch, "flops_per_step": flops, "step_s": wall,
             "kernel_s": kernels, "gflops": flops / wall / 1e9, "kernel_gflops": flops / kernels / 1e9,
             "kernel_fraction": kernels / wall, "samples_per_s": batch / wall}

@@ -89,12 +89,13 @@ class Comparison:
 
     def check_trainers(self) -> None:
         """Refuse, before any work, a trainer override that no unit could train with (an unknown key, a
-        negative rate ...), naming the run and the stage."""
+        negative rate ...), naming the run and the stage. A trainer depends on the run and the task only, so
+        one unit of each is checked."""
         from omegaconf.errors import OmegaConfBaseException
 
         from vlkit.train.trainer import TrainerConfig
 
-        for unit in self.all_units():
+        for unit in {(u.run, u.task): u for u in self.all_units()}.values():
             try:
                 TrainerConfig.from_cfg(self.unit_trainer(unit))
             except (OmegaConfBaseException, ValueError) as err:

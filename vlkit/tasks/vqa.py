@@ -160,7 +160,8 @@ class VQATargets:
 
     def __call__(self, row: Mapping[str, Any]) -> dict[str, Any]:
         return {"soft_targets": dense_scores(row["labels"], row["scores"], self.num_answers),
-                "answers": list(row.get("answers") or []), "answer_type": row.get("answer_type") or "", "question_type": row.get("question_type") or ""}
+                "answers": list(row.get("answers") or []), "answer_type": row.get("answer_type") or "",
+                "question_type": row.get("question_type") or ""}
 
 
 def shapes_vqa_records(world: Any, i: int) -> list[dict]:

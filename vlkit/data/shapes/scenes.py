@@ -172,8 +172,8 @@ class ShapeScenes:
     def __repr__(self) -> str:
         sizes = (f", val_images={self.split_sizes[1]}, test_images={self.split_sizes[2]}" if self.sized_splits else "")
         n = self.split_sizes[0] if self.sized_splits else self.num_images
-        rounds = "".join(f", {name}={n}" for name, n in (("eval_rounds", self.eval_rounds),
-                                                          ("train_rounds", self.train_rounds)) if n != 1)
+        rounds = "".join(f", {name}={count}" for name, count in (("eval_rounds", self.eval_rounds),
+                                                                  ("train_rounds", self.train_rounds)) if count != 1)
         return f"{type(self).__name__}(seed={self.seed}, num_images={n}, image_size={self.image_size}{sizes}{rounds})"
 
     def _rng(self, stream: str, i: int) -> np.random.Generator:
