@@ -1,6 +1,7 @@
 """Issue 20: durable units. A comparison killed (SIGKILL, twice) and resumed gives the records of an
 uninterrupted run and never reruns a finished unit; a failing unit leaves every other unit finished and
 its retry runs it alone; a killed unit resumes from its checkpoint; a changed configuration is refused."""
+import gc
 import json
 import re
 import shlex
@@ -191,7 +192,9 @@ def test_a_unit_killed_mid_way_resumes_from_its_checkpoint(tmp_path, monkeypatch
         cfg["compare"]["runs"] = cfg["compare"]["runs"][1:2]  # uniter
         return _plan(cfg, tmp_path / name, [], resume=False)
 
+    held = {"cached": [1, 2]}  # alive before the unit, as a worker's environments and task data are
     straight = run_job(plan("straight"), "uniter/seed0/pretrain")
+    assert not any(o is held for o in gc.get_objects())  # frozen: the unit's collections no longer walk it
     step = Trainer._train_step
 
     def dies_at_step_3(self, model, optimizer, scheduler, stream, i):

@@ -47,3 +47,17 @@ def test_a_bad_finetune_trainer_is_refused_before_any_work_naming_the_run(tmp_pa
     with pytest.raises(error, match=message):
         main(["compare", f"compare={path}", f"output_dir={tmp_path / 'out'}"])
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("override, where", [
+    ("+compare.trainer.tasks.vqaa={lr: 1.0e-4}", "compare.trainer.tasks"),
+    ("+compare.task_overrides.retreival={options: {rerank_k: 4}}", "compare.task_overrides"),
+    ("+compare.budget.finetune_steps.nlvr=10", "compare.budget.finetune_steps"),
+    ("compare.runs=[{name: uniter, model: {name: uniter, preset: tiny}, objectives: uniter, "
+     "task_overrides: {refexpp: {options: {}}}}]", r"compare.runs\[uniter\].task_overrides"),
+])
+def test_a_misspelt_task_anywhere_in_the_comparison_is_refused(tmp_path, override, where):
+    """Every key that names a task is checked against the registered tasks: a typo would be ignored."""
+    with pytest.raises(KeyError, match=rf"{where}: unknown task\(s\)"):
+        main(["compare", override, f"output_dir={tmp_path / 'out'}"])
+    assert not (tmp_path / "out").exists()

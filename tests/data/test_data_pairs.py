@@ -212,6 +212,28 @@ def test_collator_targets_and_errors():
         VLCollator()([examples[0], {k: v for k, v in examples[1].items() if k != "pixel_values"}])
 
 
+@pytest.mark.parametrize("shapes, dtype, value", [
+    ([(3,), (5,), (1,)], torch.long, 0),                # token ids: the length differs
+    ([(3, 4), (5, 4), (2, 4)], torch.float32, -1.5),    # region features (the fast path)
+    ([(2,), (4,)], torch.bool, True),
+    ([(3, 4), (5, 2)], torch.float32, -1.0),            # every dimension differs: padded in both
+    ([(), ()], torch.float32, 0),                       # scalars are stacked
+])
+def test_pad_stack_pads_every_dimension_with_the_value(shapes, dtype, value):
+    from vlkit.data.collate import pad_stack
+
+    tensors = [(torch.rand(s) * 10).to(dtype) for s in shapes]
+    out = pad_stack(tensors, value)
+    size = [max(s[d] for s in shapes) for d in range(len(shapes[0]))]
+    assert out.dtype == dtype and tuple(out.shape) == (len(shapes), *size)
+    for k, t in enumerate(tensors):
+        inside = (k, *(slice(0, n) for n in t.shape))
+        assert torch.equal(out[inside], t)
+        padding = out[k].clone()
+        padding[tuple(slice(0, n) for n in t.shape)] = value
+        assert (padding == value).all()  # everything outside the tensor is the padding value
+
+
 def test_dataloader_with_dynamic_batches(store_path):
     ds = ImageTextPairs(_records(6, 8), shapes_tokenizer(), RegionSource(store_path, conf_th=0.5, min_bb=2))
     lengths = ds.lengths()

@@ -94,9 +94,20 @@ def comparison_file(path: str | Path) -> str:
     return "# @package _global_\n" + yaml.safe_dump(body, sort_keys=False)
 
 
-def run_specs(compare: dict[str, Any]) -> list[RunSpec]:
+def known_tasks(where: str, tasks: Any) -> None:
+    """Raise `KeyError` naming ``where`` when the keys of ``tasks`` name a task vlkit does not know (a misspelt
+    one would be ignored). A known task the comparison does not run is fine: one file serves several."""
     from vlkit.registry import TASKS
 
+    unknown = set(tasks or {}) - set(TASKS.names())
+    if unknown:
+        raise KeyError(f"{where}: unknown task(s) {sorted(unknown)}; tasks: {', '.join(TASKS.names())}")
+
+
+def run_specs(compare: dict[str, Any]) -> list[RunSpec]:
+    known_tasks("compare.trainer.tasks", (compare.get("trainer") or {}).get("tasks"))
+    known_tasks("compare.task_overrides", compare.get("task_overrides"))
+    known_tasks("compare.budget.finetune_steps", (compare.get("budget") or {}).get("finetune_steps"))
     specs = []
     for entry in compare["runs"]:
         entry = dict(entry)
@@ -116,10 +127,9 @@ def run_specs(compare: dict[str, Any]) -> list[RunSpec]:
         if extra:
             raise KeyError(f"compare.runs[{entry['name']}]: tasks {sorted(extra)} are not among compare.tasks "
                            f"{list(compare['tasks'])}")
-        unknown = set((entry.get("finetune_trainer") or {}).get("tasks") or {}) - set(TASKS.names())
-        if unknown:
-            raise KeyError(f"compare.runs[{entry['name']}].finetune_trainer.tasks: unknown task(s) {sorted(unknown)}; "
-                           f"tasks: {', '.join(TASKS.names())}")
+        known_tasks(f"compare.runs[{entry['name']}].finetune_trainer.tasks",
+                    (entry.get("finetune_trainer") or {}).get("tasks"))
+        known_tasks(f"compare.runs[{entry['name']}].task_overrides", entry.get("task_overrides"))
         specs.append(RunSpec(model=model, add_objectives=dict(compare.get("add_objectives") or {}), **entry))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):

@@ -9,6 +9,7 @@ and rank 0 records it. ``python -m vlkit.compare.worker PLAN KEY`` is the entry 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -60,6 +61,14 @@ def _captured(log_path: Path):
             logger.setLevel(level)
 
 
+def _freeze_what_the_process_holds() -> None:
+    """Free the last unit's garbage, then exempt every object still alive (the comparison's cached environments
+    and task data: hundreds of thousands of small objects) from the cyclic garbage collector. Each full
+    collection during a unit otherwise walks them all again (0.3 s each, 0.7 s of a 20-s VQA unit)."""
+    gc.collect()
+    gc.freeze()
+
+
 def run_job(plan_path: str | Path, key: str) -> dict[str, Any]:
     """Run unit ``key`` of the comparison planned in ``plan_path`` here; see the module docstring."""
     import torch
@@ -69,6 +78,7 @@ def run_job(plan_path: str | Path, key: str) -> dict[str, Any]:
 
     comparison = comparison_of(plan_path)
     torch.set_num_threads(unit_threads(comparison.cfg))  # a spawned worker would otherwise take every core
+    _freeze_what_the_process_holds()
     unit = _unit_of(comparison, key)
     config = comparison.unit_config(unit)
     unit_hash = config_hash(config)

@@ -12,6 +12,8 @@ from vlkit.validate import DataError
 
 def pad_stack(tensors: Sequence[Tensor], value: float = 0) -> Tensor:
     """Stack tensors of equal rank, padding every dimension up to the largest with ``value``."""
+    if tensors[0].dim() and all(t.shape[1:] == tensors[0].shape[1:] for t in tensors):  # only the length differs
+        return torch.nn.utils.rnn.pad_sequence(tensors, batch_first=True, padding_value=value)
     shape = [max(t.shape[d] for t in tensors) for d in range(tensors[0].dim())]
     out = tensors[0].new_full((len(tensors), *shape), value)
     for k, t in enumerate(tensors):
