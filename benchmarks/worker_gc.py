@@ -36,7 +36,7 @@ def child(task: str, units: int, freeze: bool, cache_dir: str | None) -> dict:
     from vlkit.cli import compose
     from vlkit.compare import Comparison, resolve_config
     from vlkit.compare.units import Unit
-    from vlkit.compare.worker import _freeze_what_the_process_holds
+    from vlkit.compare.worker import freeze_held_objects
 
     spent, started = [0.0], [0.0]
 
@@ -54,7 +54,7 @@ def child(task: str, units: int, freeze: bool, cache_dir: str | None) -> dict:
     for seed in range(1, units + 1):
         spent[0], start = 0.0, time.perf_counter()
         if freeze:
-            _freeze_what_the_process_holds()
+            freeze_held_objects()
         comparison.run_unit(Unit(0, seed, "scratch", task))
         rows.append({"wall_s": time.perf_counter() - start, "gc_s": spent[0]})
     return {"freeze": freeze, "units": rows, "tracked_objects": len(gc.get_objects())}
