@@ -18,10 +18,11 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from child import report, run_child
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -68,14 +69,13 @@ def main() -> None:
     parser.add_argument("--child", choices=["freeze", "plain"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(child(args.task, args.units, args.child == "freeze", args.cache_dir)))
+        report(child(args.task, args.units, args.child == "freeze", args.cache_dir))
         return
     sides = {}
     for side in ("plain", "freeze"):
         command = [sys.executable, __file__, "--child", side, "--task", args.task, "--units", str(args.units),
                    *(["--cache-dir", args.cache_dir] if args.cache_dir else [])]
-        done = subprocess.run(command, capture_output=True, text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        sides[side] = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
+        sides[side] = run_child(command, f"worker_gc {side}", env={**os.environ, "OMP_NUM_THREADS": "1"})
     print(f"{args.task}, {args.units} consecutive units after a warm-up, 1 thread, one process per setting")
     print("| setting | median unit s | median collector s per unit | objects the collector walks after |")
     print("|---|---|---|---|")

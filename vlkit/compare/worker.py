@@ -64,7 +64,8 @@ def _captured(log_path: Path):
 def freeze_held_objects() -> None:
     """Free the last unit's garbage, then exempt every object still alive (the comparison's cached environments
     and task data: hundreds of thousands of small objects) from the cyclic garbage collector. Each full
-    collection during a unit otherwise walks them all again (0.3 s each, 0.7 s of a 20-s VQA unit)."""
+    collection during a unit otherwise walks them all again (0.3 s each; 0.6 s of a 29-s ViLBERT-tiny VQA unit,
+    benchmarks/worker_gc.py)."""
     gc.collect()
     gc.freeze()
 
