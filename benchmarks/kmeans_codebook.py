@@ -25,18 +25,9 @@ from scipy.cluster.vq import kmeans2
 
 from vlkit.io import atomic_write_text
 from vlkit.objectives.mim import _kmeans_plusplus, _normalise_patches, patchify
+from vlkit.runtime import gemm_gflops
 
 RESULTS = Path(__file__).resolve().parent / "results" / "kmeans_codebook.json"
-
-
-def gemm_gflops(n: int = 2048, repeats: int = 3) -> float:
-    """fp64 GEMM rate on torch's threads (``--threads``)."""
-    a = torch.rand(n, n, dtype=torch.float64)
-    a @ a
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ a
-    return 2 * n ** 3 * repeats / (time.perf_counter() - start) / 1e9
 
 
 def inertia(x: np.ndarray, centroids: np.ndarray) -> float:
@@ -56,7 +47,7 @@ def main() -> None:
     pixels = torch.rand(args.images, 3, args.size, args.size, generator=torch.Generator().manual_seed(0))
     x = _normalise_patches(patchify(pixels, args.patch)).flatten(0, 1).double().numpy()
     n, d, k = *x.shape, args.codes
-    peak = gemm_gflops()
+    peak = gemm_gflops(2048, torch.float64)
     rows = []
     for name, flops, fit in (
             ("scipy kmeans2 minit=++", 2 * d * n * k * (k - 1) / 2,

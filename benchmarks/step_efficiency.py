@@ -37,15 +37,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
+from vlkit.runtime import gemm_gflops
+
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def gemm_gflops(n: int = 2048, repeats: int = 5) -> float:
-    """fp32 GEMM rate of an ``n`` x ``n`` matmul on the current threads (best of ``repeats``)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    best = min(_seconds(lambda: a @ b) for _ in range(repeats))
-    return 2 * n ** 3 / best / 1e9
 
 
 def _seconds(fn) -> float:
@@ -154,7 +148,7 @@ def main() -> None:
     overrides = ["progress=false", *([f"cache_dir={args.cache_dir}"] if args.cache_dir else []), *args.overrides]
     cfg = resolve_config(compose("compare", overrides))
     comparison = Comparison(cfg, Path(tempfile.mkdtemp(prefix="vlkit-step-")), progress=False)
-    peak = gemm_gflops()
+    peak = gemm_gflops(2048, repeats=5)
     rows = [measure_family(comparison, k, args.steps) for k in range(len(comparison.specs))]
     for r in rows:
         r["peak_fraction"] = r["gflops"] / peak

@@ -1,5 +1,6 @@
 """What every layer of vlkit may use about its process: how many torch threads it runs (`set_threads`), whether
-its CPU runs bf16 natively (`native_cpu_bf16`), how it ends its process group (`shutdown`), and how it stops.
+its CPU runs bf16 natively (`native_cpu_bf16`), how fast it multiplies matrices (`gemm_gflops`), how it ends its
+process group (`shutdown`), and how it stops.
 
 How a vlkit process stops: SIGTERM (what SLURM and ``kill`` send) and SIGINT (Ctrl-C) become an
 `Interrupted` exception in the main thread, so ``finally`` blocks and context managers run (a feature
@@ -98,6 +99,22 @@ def native_cpu_bf16() -> bool:
 
     probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
     return any(probe() for probe in probes if probe is not None) or all(probe is None for probe in probes)
+
+
+def gemm_gflops(n: int = 1024, dtype: Any = None, repeats: int = 3) -> float:
+    """The rate of an ``n`` x ``n`` matrix multiply (``dtype``, default fp32) on this process's torch threads, in
+    GFLOPS: the best of ``repeats`` after an untimed one. A machine's speed drifts (1.2x within hours on a shared
+    2-core VM), so a wall time is read beside this figure; a comparison's units record it (1024², 0.1 s a unit)."""
+    import torch
+
+    a = torch.randn(n, n, dtype=dtype or torch.float32)
+    a @ a
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best / 1e9
 
 
 def shutdown(barrier: bool = True) -> None:

@@ -2,6 +2,7 @@
 data for every family, and a rerun from its manifest reproduces the numbers."""
 import csv
 import json
+import statistics
 
 import pytest
 
@@ -38,6 +39,13 @@ def test_outputs_are_complete(smoke):
     manifest = json.loads((out / "manifest.json").read_text())
     assert {"config", "seeds", "data", "ids_seen", "feature_store", "packages", "git_commit"} <= set(manifest)
     assert manifest["feature_store"]["sha256"] and manifest["packages"]["torch"]
+    # the machine speed each unit measured after it ran, summarised beside the wall time
+    rates = sorted(json.loads(p.read_text())["result"]["machine"]["gemm_gflops"] for p in out.glob("runs/*/*/*/unit.json"))
+    assert f"{len(rates)} units: {len(rates)} finished." in (out / "units.md").read_text() and rates[0] > 0
+    assert manifest["machine"]["units"] == len(rates)
+    assert manifest["machine"]["gemm_gflops"] == {"median": statistics.median(rates), "min": rates[0], "max": rates[-1]}
+    assert manifest["machine"]["threads"] == [1]
+    assert f"median {statistics.median(rates):.0f} GFLOPS, {rates[0]:.0f}-{rates[-1]:.0f} over {len(rates)} units" in table
 
 
 def test_every_family_sees_the_same_examples_in_the_same_order(smoke):

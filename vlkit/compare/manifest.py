@@ -41,8 +41,8 @@ def git_commit() -> str | None:
 def write_manifest(output_dir: Path, cfg: dict[str, Any], audit: dict[str, Any], store: str | None,
                    wall: float, complete: bool = True) -> dict[str, Any]:
     """Write ``manifest.json``: the resolved config (``vlkit compare manifest=`` reruns it), seeds, data hash
-    and parts, ids seen, the feature store's digest, package versions, git commit, command, wall time and
-    whether every unit had finished (``complete``)."""
+    and parts, ids seen, the feature store's digest, package versions, git commit, command, wall time, the
+    machine speed its units recorded (``machine``) and whether every unit had finished (``complete``)."""
     manifest = {
         "config": {k: v for k, v in cfg.items() if k not in ("output_dir", "manifest", "expected_data_hash", "resume",
                                                              "dry_run")},
@@ -54,6 +54,7 @@ def write_manifest(output_dir: Path, cfg: dict[str, Any], audit: dict[str, Any],
         "git_commit": git_commit(),
         "command": " ".join(sys.argv),
         "wall_s": wall,
+        "machine": audit.get("machine"),
         "complete": complete,
     }
     atomic_write_text(output_dir / "manifest.json", dump_json(manifest))

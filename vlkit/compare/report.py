@@ -181,6 +181,15 @@ def analyse(records: list[dict[str, Any]], claims: list[dict[str, Any]] | None =
             "claims": evaluate_claims(records, claims or []), "seeds": seeds}
 
 
+def machine_note(machine: dict[str, Any] | None) -> str:
+    """The machine speed beside the wall time: a machine's speed drifts, so a wall time alone compares badly."""
+    if not machine:
+        return ""
+    rate, threads = machine["gemm_gflops"], "/".join(str(t) for t in machine["threads"])
+    return (f" Machine speed after each unit (fp32 1024² GEMM on its {threads} thread(s)): median {rate['median']:.0f} "
+            f"GFLOPS, {rate['min']:.0f}-{rate['max']:.0f} over {machine['units']} units.")
+
+
 def write_outputs(output_dir: Path, cfg: dict[str, Any], records: list[dict[str, Any]], audit: dict[str, Any],
                   curves: dict[str, list[dict[str, Any]]], wall: float) -> str:
     from vlkit.io import atomic_write_text
@@ -191,7 +200,8 @@ def write_outputs(output_dir: Path, cfg: dict[str, Any], records: list[dict[str,
     seeds = cfg["compare"]["seeds"]
     notes = [f"# vlkit compare: {cfg['compare'].get('title', 'comparison')}", "",
              f"Data: `{cfg['data'].get('name')}` (hash `{audit['data_hash'][:12]}`), seeds {seeds}, "
-             f"pre-training {cfg['compare']['budget']['pretrain_steps']} steps, wall time {wall:.0f} s.", "",
+             f"pre-training {cfg['compare']['budget']['pretrain_steps']} steps, wall time {wall:.0f} s."
+             + machine_note(audit.get("machine")), "",
              "Metrics in points (mean ± 95% t-interval over seeds). `itm_acc`: the pre-training ITM head on held-out "
              "pairs; `zs_*`: zero-shot retrieval with it; `meta_sum`: UNITER's VQA + IR@1 + TR@1 + NLVR2 + RefExp "
              "(– where a task does not apply).", chance_note(result["chance"]), "", table, ""]

@@ -13,7 +13,7 @@ import torch
 from vlkit.compare.config import RunSpec, mix_label, objective_mix, run_data, run_specs, task_cfg
 from vlkit.compare.evaluation import inference_latency, itm_accuracy, zero_shot_retrieval
 from vlkit.compare.units import Unit, config_hash
-from vlkit.compare.statistics import HEADLINE
+from vlkit.compare.statistics import HEADLINE, machine_summary
 from vlkit.train import pipeline
 
 
@@ -299,6 +299,7 @@ class Comparison:
                     record["meta_sum"] = _meta_sum(record)
                     records.append(record)
         audit["data_hash"] = digest(sorted(audit["data"].items()))
+        audit["machine"] = machine_summary([r["machine"] for r in done.values() if "machine" in r])
         return records, audit, curves
 
     def _zero_shot(self, env, pre: Any, spec: RunSpec) -> dict[str, float]:

@@ -3,6 +3,7 @@ every pair of contestants), Holm's correction over a table, and the minimum dete
 from __future__ import annotations
 
 import math
+import statistics
 from itertools import combinations
 from typing import Any, Sequence
 
@@ -195,6 +196,17 @@ def detectable_effects(tests: list[dict[str, Any]], n: int) -> dict[str, dict[st
         out[metric] = {"sd": sd, "mde": min_detectable_effect(sd, n),
                        "mde_holm_strict": min_detectable_effect(sd, n, ALPHA / max(m, 1))}
     return out
+
+
+def machine_summary(machines: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The machine speed the units recorded (`vlkit.compare.worker.machine_speed`): their GEMM rate's median and
+    range, threads and hosts; None when no unit recorded one (units finished before vlkit recorded it)."""
+    rates = sorted(m["gemm_gflops"] for m in machines if isinstance(m.get("gemm_gflops"), (int, float)))
+    if not rates:
+        return None
+    return {"gemm_gflops": {"median": statistics.median(rates), "min": rates[0], "max": rates[-1]},
+            "units": len(rates), "threads": sorted({m.get("threads") for m in machines}),
+            "hosts": sorted({m.get("host") for m in machines})}
 
 
 def chance_levels(records: list[dict[str, Any]]) -> dict[str, float]:

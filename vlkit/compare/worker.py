@@ -70,6 +70,18 @@ def freeze_held_objects() -> None:
     gc.freeze()
 
 
+def machine_speed() -> dict[str, Any]:
+    """Where a unit ran and how fast that machine multiplied matrices just after it (`vlkit.runtime.gemm_gflops` on
+    the unit's threads, so a busy core shows): a unit's wall time is read beside it."""
+    import socket
+
+    import torch
+
+    from vlkit.runtime import gemm_gflops
+
+    return {"host": socket.gethostname(), "threads": torch.get_num_threads(), "gemm_gflops": round(gemm_gflops(), 1)}
+
+
 def run_job(plan_path: str | Path, key: str) -> dict[str, Any]:
     """Run unit ``key`` of the comparison planned in ``plan_path`` here; see the module docstring."""
     import torch
@@ -98,6 +110,7 @@ def run_job(plan_path: str | Path, key: str) -> dict[str, Any]:
                 folder.fail(unit_hash, config, attempt, err, trace)
             return {"unit": key, "state": "failed", "error": f"{type(err).__name__}: {err}"}
     if main:
+        result["machine"] = machine_speed()
         folder.finish(unit_hash, config, attempt, result)
     return {"unit": key, "state": "finished"}
 
