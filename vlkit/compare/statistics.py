@@ -201,12 +201,12 @@ def detectable_effects(tests: list[dict[str, Any]], n: int) -> dict[str, dict[st
 def machine_summary(machines: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The machine speed the units recorded (`vlkit.compare.worker.machine_speed`): their GEMM rate's median and
     range, threads and hosts; None when no unit recorded one (units finished before vlkit recorded it)."""
-    rates = sorted(m["gemm_gflops"] for m in machines if isinstance(m.get("gemm_gflops"), (int, float)))
+    rates = sorted(m["gemm_gflops"] for m in machines)
     if not rates:
         return None
     return {"gemm_gflops": {"median": statistics.median(rates), "min": rates[0], "max": rates[-1]},
-            "units": len(rates), "threads": sorted({m.get("threads") for m in machines}),
-            "hosts": sorted({m.get("host") for m in machines})}
+            "units": len(rates), "threads": sorted({m["threads"] for m in machines}),
+            "hosts": sorted({m["host"] for m in machines})}
 
 
 def chance_levels(records: list[dict[str, Any]]) -> dict[str, float]:
