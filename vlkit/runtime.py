@@ -101,10 +101,13 @@ def native_cpu_bf16() -> bool:
     return any(probe() for probe in probes if probe is not None) or all(probe is None for probe in probes)
 
 
-def gemm_gflops(n: int = 1024, dtype: Any = None, repeats: int = 3) -> float:
+GEMM_N = 1024  # the matrix size of the machine-speed probe (`gemm_gflops`): 0.1 s on one thread of this project's CPU
+
+
+def gemm_gflops(n: int = GEMM_N, dtype: Any = None, repeats: int = 3) -> float:
     """The rate of an ``n`` x ``n`` matrix multiply (``dtype``, default fp32) on this process's torch threads, in
     GFLOPS: the best of ``repeats`` after an untimed one. A machine's speed drifts (1.2x within hours on a shared
-    2-core VM), so a wall time is read beside this figure; a comparison's units record it (1024², 0.1 s a unit)."""
+    2-core VM), so a wall time is read beside this figure; a comparison's units and its dry run record it."""
     import torch
 
     a = torch.randn(n, n, dtype=dtype or torch.float32)

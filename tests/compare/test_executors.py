@@ -115,6 +115,9 @@ def test_dry_run_prints_every_unit_and_the_cost_per_executor(capsys, cache, monk
             batches[name].add(trainer["batch_size"])
             return real(env, model, what, trainer, *args, **kwargs)
         monkeypatch.setattr(pipeline, name, spy)
+    import vlkit.runtime
+
+    monkeypatch.setattr(vlkit.runtime, "gemm_gflops", lambda: 123.4)
     args = ["compare", *SMALL, f"cache_dir={cache}", "dry_run=true", "+compare.trainer.common.mixed_precision=bf16",
             "compare.probe.batch_size=4", "compare.probe.finetune_batch_size=2", "compare.probe.warmup_steps=2",
             "compare.probe.steps=3"]
@@ -129,6 +132,8 @@ def test_dry_run_prints_every_unit_and_the_cost_per_executor(capsys, cache, monk
         assert f"| {key} |" in out
     assert "| uniter/seed0/pretrained-nlvr2 | uniter/seed0/pretrain | 3 |" in out
     assert "s/step" in out and "CPU-thread-hours" in out
+    threads = __import__("torch").get_num_threads()
+    assert f"This machine's speed at the probe: 123 GFLOPS (fp32 1024² GEMM on {threads} thread(s))" in out
     for name in ("local", "slurm", "ray"):
         assert f"executor {name}:" in out
 

@@ -107,6 +107,7 @@ def dry_run(comparison: Any, settings: Any) -> str:
     import torch
 
     from vlkit.compare.report import markdown_table
+    from vlkit.runtime import GEMM_N, gemm_gflops
 
     units = comparison.all_units()
     gpus = settings.gpus_per_unit
@@ -141,6 +142,9 @@ def dry_run(comparison: Any, settings: Any) -> str:
            f"Probe on this machine ({_device_name()}, {torch.get_num_threads()} torch thread(s), median of {probe_steps} "
            f"timed steps after {warmup} untimed" + _batches(probe_batch, finetune_batch)
            + (", in fp32" if probe_precision() else "") + f"): {probes}.",
+           f"This machine's speed at the probe: {gemm_gflops():.0f} GFLOPS (fp32 {GEMM_N}² GEMM on "
+           f"{torch.get_num_threads()} thread(s)); a comparison records it after each unit, and its times scale "
+           "about inversely with it.",
            f"Estimated cost: {total / 3600:.2f} h of unit time = {hours:.2f} {what} "
            f"({unit_devices} device(s) per unit; training steps only, evaluations not included)."]
     for name, n in slots.items():
