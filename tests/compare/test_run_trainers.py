@@ -28,6 +28,7 @@ def test_a_runs_finetune_trainer_applies_after_the_comparisons_per_task(tmp_path
     assert (meter_vqa["lr_mult"], meter_vqa["lr_mult_head"]) == (5, 50)
     assert (meter_retrieval["lr_mult"], meter_retrieval["lr_mult_head"]) == (5, 10)
     assert meter_retrieval["group_by_length"] == 0  # compare.trainer.tasks.retrieval still applies
+    assert (uniter_vqa["batch_size"], meter_vqa["batch_size"], meter_retrieval["batch_size"]) == (16, 16, 32)
     assert comp.unit_trainer(Unit(1, 0)) == comp.unit_trainer(Unit(0, 0))  # pre-training: the run's `trainer`
     assert meter_vqa["max_steps"] == comp.compare["budget"]["finetune_steps"]["vqa"]
     assert comp.unit_hash(Unit(1, 0, "scratch", "vqa")) != comparison(tmp_path / "b", RUNS.replace("50", "10")).unit_hash(
