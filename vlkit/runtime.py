@@ -102,6 +102,7 @@ def native_cpu_bf16() -> bool:
 
 
 GEMM_N = 1024  # the matrix size of the machine-speed probe (`gemm_gflops`): 0.1 s on one thread of this project's CPU
+GEMM_PROBE = f"fp32 {GEMM_N}² GEMM"  # how reports name that probe
 
 
 def gemm_gflops(n: int = GEMM_N, dtype: Any = None, repeats: int = 3) -> float:

@@ -115,6 +115,8 @@ def test_dry_run_prints_every_unit_and_the_cost_per_executor(capsys, cache, monk
             batches[name].add(trainer["batch_size"])
             return real(env, model, what, trainer, *args, **kwargs)
         monkeypatch.setattr(pipeline, name, spy)
+    import torch
+
     import vlkit.runtime
 
     monkeypatch.setattr(vlkit.runtime, "gemm_gflops", lambda: 123.4)
@@ -132,8 +134,7 @@ def test_dry_run_prints_every_unit_and_the_cost_per_executor(capsys, cache, monk
         assert f"| {key} |" in out
     assert "| uniter/seed0/pretrained-nlvr2 | uniter/seed0/pretrain | 3 |" in out
     assert "s/step" in out and "CPU-thread-hours" in out
-    threads = __import__("torch").get_num_threads()
-    assert f"This machine's speed at the probe: 123 GFLOPS (fp32 1024² GEMM on {threads} thread(s))" in out
+    assert f"This machine's speed at the probe: 123 GFLOPS (fp32 1024² GEMM on {torch.get_num_threads()} thread(s))" in out
     for name in ("local", "slurm", "ray"):
         assert f"executor {name}:" in out
 

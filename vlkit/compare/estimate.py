@@ -107,9 +107,10 @@ def dry_run(comparison: Any, settings: Any) -> str:
     import torch
 
     from vlkit.compare.report import markdown_table
-    from vlkit.runtime import GEMM_N, gemm_gflops
+    from vlkit.runtime import GEMM_PROBE, gemm_gflops
 
     units = comparison.all_units()
+    threads = torch.get_num_threads()
     gpus = settings.gpus_per_unit
     slurm_nodes = int(settings.slurm.get("nodes") or 1)
     device = f"{gpus} GPU(s)" if gpus else f"{settings.threads} CPU thread(s)"
@@ -139,12 +140,11 @@ def dry_run(comparison: Any, settings: Any) -> str:
     out = [f"vlkit compare dry run: {len(units)} units ({sum(u.is_pretrain for u in units)} pre-trainings) of "
            f"{len(comparison.specs)} run(s) x {len(comparison.compare['seeds'])} seed(s); nothing is run.", "",
            markdown_table(["unit", "after", "steps", "resources", "est. min"], lines), "",
-           f"Probe on this machine ({_device_name()}, {torch.get_num_threads()} torch thread(s), median of {probe_steps} "
+           f"Probe on this machine ({_device_name()}, {threads} torch thread(s), median of {probe_steps} "
            f"timed steps after {warmup} untimed" + _batches(probe_batch, finetune_batch)
            + (", in fp32" if probe_precision() else "") + f"): {probes}.",
-           f"This machine's speed at the probe: {gemm_gflops():.0f} GFLOPS (fp32 {GEMM_N}² GEMM on "
-           f"{torch.get_num_threads()} thread(s)); a comparison records it after each unit, and its times scale "
-           "about inversely with it.",
+           f"This machine's speed at the probe: {gemm_gflops():.0f} GFLOPS ({GEMM_PROBE} on {threads} thread(s)); "
+           "a comparison records it after each unit, and its times scale about inversely with it.",
            f"Estimated cost: {total / 3600:.2f} h of unit time = {hours:.2f} {what} "
            f"({unit_devices} device(s) per unit; training steps only, evaluations not included)."]
     for name, n in slots.items():

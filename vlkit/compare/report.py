@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vlkit.compare.plots import plot_results
-from vlkit.runtime import GEMM_N
 from vlkit.compare.statistics import (ALPHA, COSTS, HEADLINE, VQA_ANSWER_TYPES, baseline_key, chance_levels,
                                       detectable_effects, pairwise_tests, scratch_tests, summarize)
+from vlkit.runtime import GEMM_PROBE
 
 COST_LABELS = {"params": "params", "train_samples_per_s": "train samples/s", "latency_ms": "latency ms/ex",
                "wall_s": "wall s"}
@@ -187,7 +187,7 @@ def machine_note(machine: dict[str, Any] | None) -> str:
     if not machine:
         return ""
     rate, threads = machine["gemm_gflops"], "/".join(str(t) for t in machine["threads"])
-    return (f" Machine speed after each unit (fp32 {GEMM_N}² GEMM on its {threads} thread(s)): median {rate['median']:.0f} "
+    return (f" Machine speed after each unit ({GEMM_PROBE} on its {threads} thread(s)): median {rate['median']:.0f} "
             f"GFLOPS, {rate['min']:.0f}-{rate['max']:.0f} over {machine['units']} units.")
 
 
