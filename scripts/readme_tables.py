@@ -2,7 +2,7 @@
 regenerated.
 
     python scripts/readme_tables.py default             # runs `vlkit compare` (cold cache), then updates its page
-    python scripts/readme_tables.py claims              # the same for compare=claims
+    python scripts/readme_tables.py claims              # the same for compare=claims, and its verdicts in README.md
     python scripts/readme_tables.py default --from outputs/readme/default   # reuse a finished run's results
     python scripts/readme_tables.py plans               # the dry-run plans of docs/cluster.md (and README's summary)
 
@@ -58,6 +58,27 @@ def block(name: str, output: Path, wall: float | None) -> str:
         f"`vlkit compare compare={name}`: {wall_text}, commit `{(manifest.get('git_commit') or 'unknown')[:12]}`, "
         f"torch {manifest['packages'].get('torch')}, written by `python scripts/readme_tables.py {name}`.", "",
         report, "", f"![{name} metrics]({figure})"])
+
+
+def verdicts(name: str, output: Path, wall: float | None) -> str | None:
+    """README.md's summary of a comparison's claims (None when it tests none): each claim's verdict with its
+    effect and Holm p, the counts, and where the run came from."""
+    from vlkit.compare.report import claims_table
+
+    result = json.loads((output / "results.json").read_text())
+    claims = result["claims"]
+    if not claims:
+        return None
+    detectable = ", ".join(f"{metric} {100 * result['detectable_effects'][metric]['mde']:.1f}"
+                           for metric in sorted({c["metric"] for c in claims}) if metric in result["detectable_effects"])
+    manifest = json.loads((output / "manifest.json").read_text())
+    counts = {v: sum(c["verdict"] == v for c in claims) for v in ("reproduced", "contradicted", "inconclusive")}
+    wall_text = f"{wall:,.0f} s wall" if wall is not None else f"{manifest['wall_s']:,.0f} s of comparison"
+    return "\n".join([
+        f"`vlkit compare compare={name}` ({len(manifest['seeds'])} seeds, {wall_text}, commit "
+        f"`{(manifest.get('git_commit') or 'unknown')[:12]}`, written by `python scripts/readme_tables.py {name}`): "
+        + ", ".join(f"{n} {v}" for v, n in counts.items()) + f". Minimum detectable effect (points): {detectable}.", "",
+        claims_table(claims)])
 
 
 def update_page(name: str, text: str) -> None:
@@ -170,6 +191,9 @@ def main() -> None:
             raise SystemExit(f"{output} exists: pass --from {output} to reuse it, or remove it")
         wall = run_comparison(args.name, output, args.cache_dir)
     update_page(args.name, block(args.name, output, wall))
+    summary = verdicts(args.name, output, wall)
+    if summary is not None:
+        update_block(ROOT / "README.md", f"verdicts:{args.name}", summary)
     shutil.copyfile(output / "metrics.png", DOCS / f"compare_{args.name}_metrics.png")
     print(f"{page(args.name).relative_to(ROOT)}: compare:{args.name} block written from {output}")
 
