@@ -30,6 +30,30 @@ def pytest_configure(config):
                                     "installed package")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the groups
+def pytest_collection_modifyitems(items):
+    """The suite runs on every core (pytest-xdist, ``--dist loadgroup`` in pyproject.toml) with each fixture built
+    once: a test file is one group, so its module fixtures are built on one worker, and files that share a
+    session fixture of a conftest (the smoke comparison) are one group too."""
+    group = {}  # file -> its group's representative file
+
+    def find(path):
+        while group.setdefault(path, path) != path:
+            path = group[path]
+        return path
+
+    users = {}  # session fixture -> the first file using it
+    for item in items:
+        path = find(item.nodeid.split("::", 1)[0])
+        for defs in item._fixtureinfo.name2fixturedefs.values():
+            if defs[-1].scope == "session" and defs[-1].baseid:  # a conftest's, not a plugin's
+                first = find(users.setdefault(defs[-1], path))
+                group[path] = first
+                path = first
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(find(item.nodeid.split("::", 1)[0])))
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -13,12 +13,14 @@ from vlkit.cli import main
 from compare_helpers import records, untimed
 
 SMALL = ["compare=smoke", "compare.seeds=[0]", "compare.tasks=[vqa,nlvr2]", "progress=false"]  # threads: the default
+# the executors' runs: one family's 5 units (a pre-training, its 2 fine-tunings and 2 scratch ones), two at a time
+ONE_RUN = [*SMALL, "compare.runs=[{name: uniter, model: {name: uniter, preset: tiny}, objectives: uniter}]"]
 
 
 @pytest.fixture(scope="module")
 def local_records(tmp_path_factory):
     root = tmp_path_factory.mktemp("executors")
-    assert main(["compare", *SMALL, f"output_dir={root / 'local'}", f"cache_dir={root / 'cache'}", "workers=2"]) == 0
+    assert main(["compare", *ONE_RUN, f"output_dir={root / 'local'}", f"cache_dir={root / 'cache'}", "workers=2"]) == 0
     return root, [untimed(r) for r in records(root / "local")]
 
 
@@ -34,7 +36,7 @@ def test_every_unit_runs_on_one_torch_thread_by_default(local_records):
 def test_submitit_local_executor_reproduces_the_local_records(local_records):
     root, expected = local_records
     out = root / "slurm"
-    assert main(["compare", *SMALL, f"output_dir={out}", f"cache_dir={root / 'cache'}", "compare.executor=slurm",
+    assert main(["compare", *ONE_RUN, f"output_dir={out}", f"cache_dir={root / 'cache'}", "compare.executor=slurm",
                  "compare.slurm.cluster=local", "compare.slurm.array_parallelism=2", "compare.slurm.timeout_min=30"]) == 0
     assert [untimed(r) for r in records(out)] == expected
     assert list((out / "slurm").glob("*/*_result.pkl"))  # submitit's own job folders: the jobs really ran there
@@ -58,7 +60,7 @@ def test_ray_executor_reproduces_the_local_records(local_records):
     assert started.returncode == 0, started.stdout + started.stderr
     try:
         out = root / "ray"
-        assert main(["compare", *SMALL, f"output_dir={out}", f"cache_dir={root / 'cache'}", "compare.executor=ray",
+        assert main(["compare", *ONE_RUN, f"output_dir={out}", f"cache_dir={root / 'cache'}", "compare.executor=ray",
                      f"compare.ray.address=127.0.0.1:{port}", "compare.ray.max_concurrent=2"]) == 0
         assert [untimed(r) for r in records(out)] == expected
     finally:
@@ -238,7 +240,7 @@ def test_a_worker_killed_by_the_system_is_retried(local_records, tmp_path):
 
     thread = threading.Thread(target=kill_first_running_unit, daemon=True)
     thread.start()
-    assert main(["compare", *SMALL, f"output_dir={out}", f"cache_dir={root / 'cache'}", "workers=2",
+    assert main(["compare", *ONE_RUN, f"output_dir={out}", f"cache_dir={root / 'cache'}", "workers=2",
                  "compare.retries=1"]) == 0
     thread.join()
     assert killed

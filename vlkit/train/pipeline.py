@@ -42,10 +42,10 @@ def cache_dir(cfg_value: str | None = None) -> Path:
 def shapes_feature_store(world: Any, directory: Path, progress: bool = True) -> Path:
     """Region features of every image of the shapes ``world`` from the shipped shapes detector,
     extracted once into ``directory`` (resumable) and reused by every later run."""
-    from vlkit.features.detector import extract_features
-
     path = directory / f"shapes_s{world.seed}_n{world.num_images}_px{world.image_size}.h5"
     if not path.exists():
+        from vlkit.features.detector import extract_features  # torchvision: only when the store is extracted
+
         images = ((world.image_id(i), world.image(i)) for i in range(world.num_images))
         extract_features(images, path, detector="shapes", progress=progress, total=world.num_images)
     return path
