@@ -121,6 +121,15 @@ def gemm_gflops(n: int = GEMM_N, dtype: Any = None, repeats: int = 3) -> float:
     return 2 * n ** 3 / best / 1e9
 
 
+def free_port() -> int:
+    """A TCP port of the loopback interface that nothing listens on now (a process group's rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def shutdown(barrier: bool = True) -> None:
     """End the process group (after a barrier: every rank done) while the interpreter is still alive;
     ``barrier=False`` on an error path, where the other ranks may never reach one.

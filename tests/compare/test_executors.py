@@ -3,12 +3,12 @@ local instance started on 127.0.0.1) reproduce the local executor's records; the
 2-node x 8-GPU unit asks for its resources and launches one task per GPU; a dry run prints the plan."""
 import os
 import re
-import socket
 import subprocess
 
 import pytest
 
 from vlkit.cli import main
+from vlkit.runtime import free_port
 
 from compare_helpers import records, untimed
 
@@ -42,17 +42,11 @@ def test_submitit_local_executor_reproduces_the_local_records(local_records):
     assert list((out / "slurm").glob("*/*_result.pkl"))  # submitit's own job folders: the jobs really ran there
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_ray_executor_reproduces_the_local_records(local_records):
     ray = pytest.importorskip("ray")
     root, expected = local_records
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     started = subprocess.run(["ray", "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
                               "--include-dashboard=false", "--disable-usage-stats"], env=env, capture_output=True,

@@ -4,7 +4,6 @@ and ``accelerate launch`` start two gloo processes on the CPU."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from vlkit.features.detector import extract_features
 from vlkit.features.distributed import extract_rank
 from vlkit.features.shards import build_index, shard_files, shard_of
 from vlkit.features.store import FeatureStore
+from vlkit.runtime import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 FIELDS = ("features", "boxes", "conf", "cls_prob", "attr_prob", "objects_id", "attrs_id")
@@ -102,12 +102,6 @@ def test_processes_2_spawns_two_gloo_processes(tmp_path, capfd):
     assert_same_store(FeatureStore(tmp_path / "one.h5"), FeatureStore(tmp_path / "two"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_accelerate_launch_two_cpu_processes(tmp_path):
     folder = _shapes_folder(tmp_path)
@@ -115,7 +109,7 @@ def test_accelerate_launch_two_cpu_processes(tmp_path):
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(_free_port()), "-m", "vlkit.cli", "extract-features", f"images={folder}",
+           "--main_process_port", str(free_port()), "-m", "vlkit.cli", "extract-features", f"images={folder}",
            f"out={tmp_path / 'two'}", "device=cpu", "batch_size=1", "dtype=float32", "threads=1"]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

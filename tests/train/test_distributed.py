@@ -10,13 +10,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from vlkit.runtime import free_port
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -38,12 +39,6 @@ def _run(helpers, output_dir: Path):
     return trainer, trainer.fit(trainer.loader(helpers.TinyPairs()))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_shard_batch_contiguous_equal_parts(tiny):
     from vlkit.train import shard_batch
 
@@ -62,7 +57,7 @@ def test_two_gloo_processes_match_one(tmp_path, tiny):
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(_free_port()), __file__, str(tmp_path / "two")]
+           "--main_process_port", str(free_port()), __file__, str(tmp_path / "two")]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     two = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]

@@ -21,13 +21,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from vlkit.features.shards import build_index, shard_name, shard_of
 from vlkit.io import atomic_write_text
+from vlkit.runtime import free_port
 
 PROGRESS = ".progress"
 
@@ -114,12 +114,6 @@ def extract_rank(images: Iterable[tuple[str, Any]], out: str | os.PathLike, rank
         bar.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(function: Callable[..., Any], args: Sequence[Any], processes: int, cpu: bool) -> None:
     """Run ``function(*args)`` in ``processes`` new processes of this machine, with the environment
     ``accelerate launch`` gives its processes (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` /
@@ -133,7 +127,7 @@ def launch(function: Callable[..., Any], args: Sequence[Any], processes: int, cp
 
     # the parent's torch threads (the command's threads=) in every process: the same kernels, the same features
     env = dict(world_size=processes, nproc=processes, node_rank=0, master_addr="127.0.0.1",
-               master_port=str(_free_port()), accelerate_mixed_precision="no", omp_num_threads=torch.get_num_threads())
+               master_port=str(free_port()), accelerate_mixed_precision="no", omp_num_threads=torch.get_num_threads())
     if cpu:
         env.update(accelerate_use_cpu="yes", gloo_socket_ifname="lo")  # one machine: loopback (as accelerate's debug_launcher)
     with patch_environment(**env):
