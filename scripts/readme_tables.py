@@ -47,6 +47,12 @@ def run_comparison(name: str, output: Path, cache_dir: Path | None) -> float:
     return wall
 
 
+def provenance(name: str, manifest: dict) -> tuple[str, str]:
+    """Where figures come from: ``commit `<12 hex>` `` (a comparison's ``manifest.json`` or ``{"git_commit": ...}``)
+    and ``written by `python scripts/readme_tables.py NAME` ``."""
+    return f"commit `{(manifest.get('git_commit') or 'unknown')[:12]}`", f"written by `python scripts/readme_tables.py {name}`"
+
+
 def block(name: str, output: Path, wall: float | None) -> str:
     manifest = json.loads((output / "manifest.json").read_text())
     report = (output / "results.md").read_text().split("\n", 2)[2].strip()  # without the title line
@@ -54,9 +60,9 @@ def block(name: str, output: Path, wall: float | None) -> str:
     wall_text = f"{wall:.0f} s wall for the whole command" if wall is not None else \
         f"{manifest['wall_s']:.0f} s of comparison (reused results)"
     figure = f"compare_{name}_metrics.png"  # beside the page
+    commit, written = provenance(name, manifest)
     return "\n".join([
-        f"`vlkit compare compare={name}`: {wall_text}, commit `{(manifest.get('git_commit') or 'unknown')[:12]}`, "
-        f"torch {manifest['packages'].get('torch')}, written by `python scripts/readme_tables.py {name}`.", "",
+        f"`vlkit compare compare={name}`: {wall_text}, {commit}, torch {manifest['packages'].get('torch')}, {written}.", "",
         report, "", f"![{name} metrics]({figure})"])
 
 
@@ -74,9 +80,9 @@ def verdicts(name: str, output: Path, wall: float | None) -> str | None:
     manifest = json.loads((output / "manifest.json").read_text())
     counts = {v: sum(c["verdict"] == v for c in claims) for v in ("reproduced", "contradicted", "inconclusive")}
     wall_text = f"{wall:,.0f} s wall" if wall is not None else f"{manifest['wall_s']:,.0f} s of comparison"
+    commit, written = provenance(name, manifest)
     return "\n".join([
-        f"`vlkit compare compare={name}` ({len(manifest['seeds'])} seeds, {wall_text}, commit "
-        f"`{(manifest.get('git_commit') or 'unknown')[:12]}`, written by `python scripts/readme_tables.py {name}`): "
+        f"`vlkit compare compare={name}` ({len(manifest['seeds'])} seeds, {wall_text}, {commit}, {written}): "
         + ", ".join(f"{n} {v}" for v, n in counts.items()) + f". Minimum detectable effect (points): {detectable}.", "",
         claims_table(claims)])
 
@@ -158,18 +164,19 @@ def plans(cache_dir: Path | None) -> None:
     texts = {"default": ("vlkit compare compare=default dry_run=true", default),
              "base": (f"vlkit compare compare=my_base.yaml {shown} data.path=DATA_DIR/dataset_coco.json "
                       "data.image.path=DATA_DIR/feats.h5", base)}
-    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit, written = provenance("plans", {"git_commit": subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()})
     load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"  # the probes share the machine
     summary = []
     for name, (command, out) in texts.items():
         update_block(DOCS / "cluster.md", f"plan:{name}", "\n".join([
-            f"`{command}` (commit `{commit}`, {load}, written by `python scripts/readme_tables.py plans`):", "",
+            f"`{command}` ({commit}, {load}, {written}):", "",
             "```text",
             out.strip(), "```"]))
         summary.append(f"- `{name}`: " + next(line for line in out.splitlines() if line.startswith("Estimated cost")))
     update_block(DOCS / "cluster.md", "base-runs", f"```yaml\n# my_base.yaml\n{BASE_RUNS.format(data='DATA_DIR')}```")
-    update_block(ROOT / "README.md", "plan-summary", f"Measured here ({load}), written by "
-                 f"`python scripts/readme_tables.py plans` at commit `{commit}`:\n\n" + "\n".join(summary))
+    update_block(ROOT / "README.md", "plan-summary", f"Measured here ({load}), {written} at {commit}:\n\n"
+                 + "\n".join(summary))
     shutil.rmtree(work, ignore_errors=True)
     print("docs/cluster.md and README.md: plans written")
 

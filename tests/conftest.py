@@ -42,16 +42,16 @@ def pytest_collection_modifyitems(items):
             path = group[path]
         return path
 
+    files = [item.nodeid.split("::", 1)[0] for item in items]
     users = {}  # session fixture -> the first file using it
-    for item in items:
-        path = find(item.nodeid.split("::", 1)[0])
+    for item, file in zip(items, files):
+        path = find(file)
         for defs in item._fixtureinfo.name2fixturedefs.values():
             if defs[-1].scope == "session" and defs[-1].baseid:  # a conftest's, not a plugin's
                 first = find(users.setdefault(defs[-1], path))
-                group[path] = first
-                path = first
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(find(item.nodeid.split("::", 1)[0])))
+                group[path], path = first, first
+    for item, file in zip(items, files):
+        item.add_marker(pytest.mark.xdist_group(find(file)))
 
 
 @pytest.fixture(autouse=True)
