@@ -191,6 +191,33 @@ class _Scripted:
         return [(key, {"state": self.script[key].pop(0), "error": "boom"})]
 
 
+def test_a_worker_reuses_its_recent_machine_speed_probe(monkeypatch):
+    """A unit records the machine's speed just after it; a probe under a minute old on as many threads stands
+    for the next unit too (it costs as much as a smoke unit), an older one or other threads probe again."""
+    import time
+
+    import torch
+
+    import vlkit.runtime
+    from vlkit.compare import worker
+
+    rates, clock = iter([90.0, 80.0, 70.0]), [1000.0]
+    monkeypatch.setattr(vlkit.runtime, "gemm_gflops", lambda: next(rates))
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(worker, "_PROBES", {})
+    threads = torch.get_num_threads()
+    try:
+        assert worker.machine_speed()["gemm_gflops"] == 90.0
+        clock[0] += worker.PROBE_REUSE_S - 1
+        assert worker.machine_speed() == {**worker.machine_speed(), "gemm_gflops": 90.0, "threads": threads}
+        clock[0] += 1
+        assert worker.machine_speed()["gemm_gflops"] == 80.0
+        torch.set_num_threads(threads + 1)
+        assert worker.machine_speed() == {**worker.machine_speed(), "gemm_gflops": 70.0, "threads": threads + 1}
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_drive_retries_a_died_unit_but_never_a_failed_one_and_skips_dependents():
     import threading
 
