@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -74,20 +75,19 @@ PROBE_REUSE_S = 60.0  # a worker's probe younger than this stands for the next u
 _PROBES: dict[int, tuple[float, float]] = {}  # threads -> (time.monotonic() of the probe, its GFLOPS)
 
 
-def machine_speed(reuse_s: float = PROBE_REUSE_S) -> dict[str, Any]:
+def machine_speed() -> dict[str, Any]:
     """Where a unit ran and how fast that machine multiplied matrices just after it (`vlkit.runtime.gemm_gflops` on
     the unit's threads, so a busy core shows): a unit's wall time is read beside it. The process's last probe on
-    as many threads is reused while it is under ``reuse_s`` seconds old: a probe costs about 0.1 s, as much as a
+    as many threads is reused while it is under `PROBE_REUSE_S` seconds old: a probe costs about 0.1 s, as much as a
     smoke test's whole unit, while the speed drifts over hours."""
     import socket
-    import time
 
     import torch
 
     from vlkit.runtime import gemm_gflops
 
     threads, now = torch.get_num_threads(), time.monotonic()
-    if threads not in _PROBES or now - _PROBES[threads][0] >= reuse_s:
+    if threads not in _PROBES or now - _PROBES[threads][0] >= PROBE_REUSE_S:
         _PROBES[threads] = (now, round(gemm_gflops(), 1))
     return {"host": socket.gethostname(), "threads": threads, "gemm_gflops": _PROBES[threads][1]}
 
