@@ -4,7 +4,7 @@ regenerated.
     python scripts/readme_tables.py default             # runs `vlkit compare` (cold cache), then updates its page
     python scripts/readme_tables.py claims              # the same for compare=claims, and its verdicts in README.md
     python scripts/readme_tables.py default --from outputs/readme/default   # reuse a finished run's results
-    python scripts/readme_tables.py plans               # the dry-run plans of docs/cluster.md (and README's summary)
+    python scripts/readme_tables.py plans               # the FLOP plans: docs/cluster.md, docs/compare-plans.md, README
 
 Each comparison's block lies on its own page, ``docs/compare-<NAME>.md``, between ``<!-- BEGIN compare:NAME -->``
 and ``<!-- END compare:NAME -->``, and holds the command, the wall time of the whole command (cold feature
@@ -131,54 +131,69 @@ compare:
 """
 
 
-PUBLISHED_NAMES = {  # make-shapes' file -> its name in the dataset's own download
-    "dataset_shapes.json": "dataset_coco.json",
-    **{f"v2_OpenEnded_mscoco_{s}_questions.json": f"vqa/v2_OpenEnded_mscoco_{s}2014_questions.json" for s in ("train", "val")},
-    **{f"v2_mscoco_{s}_annotations.json": f"vqa/v2_mscoco_{s}2014_annotations.json" for s in ("train", "val")},
-    "train.json": "nlvr2/train.json", "val.json": "nlvr2/dev.json",
-    "refs(unc).json": "refcoco/refs(unc).json", "instances.json": "refcoco/instances.json",
+PAPERS = {  # a paper's recipe as a plan (conf/compare/paper_*.yaml) -> (what, its reported device-hours, where)
+    "paper_uniter": ("UNITER-base, in-domain (COCO + VG)", 882.0, "UNITER paper: 882 V100 GPU-hours"),
+    "paper_meter": ("METER, CLIP-ViT-B/32 + RoBERTa-base", 576.0, "METER, appendix A: about 3 days on 8 A100s"),
+    "paper_vilbert": ("ViLBERT, Conceptual Captions", None, "not reported (8 TITAN X)"),
 }
 
 
+def paper_plans() -> list[str]:
+    """The papers' recipes planned in FLOPs beside the hours each paper reports: a markdown table."""
+    from vlkit.cli import compose
+    from vlkit.compare import Comparison, resolve_config
+    from vlkit.compare.plan import make_plan, plan_settings
+
+    lines = ["| recipe | device | steps | batch (examples / step) | planned PFLOP | paper's device-hours | implied MFU "
+             "| vlkit's default MFU | planned device-hours at it |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, (what, reported, where) in PAPERS.items():
+        cfg = resolve_config(compose("compare", [f"compare={name}"]))
+        comparison = Comparison(cfg, ".", progress=False)
+        plan = make_plan(comparison, plan_settings(cfg["compare"]), int(cfg["compare"]["gpus_per_unit"]))
+        row = plan.units[0]
+        peak = plan.device.peak(row.precision)
+        implied = f"{row.flops / (reported * 3600 * peak):.1%}" if reported else "–"
+        lines.append(f"| {what} (`compare={name}`) | {plan.device.name}, {row.precision} | {row.steps:,} | "
+                     f"{row.shapes.batch_size:,} | {row.flops / 1e15:,.0f} | {f'{reported:,.0f}' if reported else '–'} "
+                     f"({where}) | {implied} | {plan.mfu:.1%} | {plan.hours:,.0f} |")
+    return lines
+
+
 def plans(cache_dir: Path | None) -> None:
-    """The dry-run plans of the default comparison and of the base-size one on files in COCO's (Karpathy)
-    format with a BUTD-style feature store, measured here; written to docs/cluster.md and README.md."""
+    """The FLOP plans of the default comparison (this CPU), of the base-size one on real data files (8 GPUs a unit,
+    no file read) and of the papers' own recipes; written to docs/cluster.md, docs/compare-plans.md and README.md."""
     work = Path(tempfile.mkdtemp(prefix="vlkit-plans-"))
     cache = cache_dir or work / "cache"
+    start = time.perf_counter()
     default = vlkit("compare", "compare=default", "dry_run=true", f"cache_dir={cache}")
-    data = work / "coco"
-    vlkit("make-shapes", f"out={data}", "num_images=200", "val_images=40", "test_images=40")
-    vlkit("extract-features", f"images={data / 'images'}", f"out={data / 'feats.h5'}", "device=cpu", "progress=false")
-    for shapes_name, name in PUBLISHED_NAMES.items():  # the layout of the publishers' downloads
-        (data / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(data / shapes_name, data / name)
-    runs = work / "base_runs.yaml"
-    runs.write_text(BASE_RUNS.format(data=data))
-    base_args = [f"compare={runs}", "data=coco", f"data.path={data / 'dataset_coco.json'}", "data.split=[train]",
-                 f"data.image.path={data / 'feats.h5'}", "data.tokenizer=shapes", "dry_run=true",
-                 "compare.gpus_per_unit=8", "compare.slurm.nodes=1", "compare.slurm.array_parallelism=16",
-                 "compare.probe.warmup_steps=1", "compare.probe.steps=1", "compare.probe.batch_size=8",
-                 "compare.probe.finetune_batch_size=2", f"cache_dir={cache}"]
+    default_s = time.perf_counter() - start
+    runs = work / "my_base.yaml"
+    runs.write_text(BASE_RUNS.format(data="DATA_DIR"))
+    base_args = [f"compare={runs}", "data=coco", "data.path=DATA_DIR/dataset_coco.json", "data.split=[train]",
+                 "data.image.path=DATA_DIR/feats.h5", "dry_run=true", "compare.gpus_per_unit=8",
+                 "compare.slurm.nodes=1", "compare.slurm.array_parallelism=16", f"cache_dir={cache}"]
+    start = time.perf_counter()
     base = vlkit("compare", *base_args)
-    shown = " ".join(a for a in base_args if not a.startswith(("cache_dir=", "data.path=", "data.image.path=", "compare=")))
-    texts = {"default": ("vlkit compare compare=default dry_run=true", default),
-             "base": (f"vlkit compare compare=my_base.yaml {shown} data.path=DATA_DIR/dataset_coco.json "
-                      "data.image.path=DATA_DIR/feats.h5", base)}
+    base_s = time.perf_counter() - start
+    shown = " ".join(a for a in base_args if not a.startswith(("cache_dir=", "compare=")))
+    texts = {"default": ("vlkit compare compare=default dry_run=true", default, default_s),
+             "base": (f"vlkit compare compare=my_base.yaml {shown}", base, base_s)}
     commit, written = provenance("plans", {"git_commit": subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()})
-    load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"  # the probes share the machine
     summary = []
-    for name, (command, out) in texts.items():
+    for name, (command, out, seconds) in texts.items():
         update_block(DOCS / "cluster.md", f"plan:{name}", "\n".join([
-            f"`{command}` ({commit}, {load}, {written}):", "",
-            "```text",
-            out.strip(), "```"]))
-        summary.append(f"- `{name}`: " + next(line for line in out.splitlines() if line.startswith("Estimated cost")))
+            f"`{command}` ({commit}, {seconds:.0f} s on this project's 2-core CPU, {written}):", "",
+            "```text", out.strip(), "```"]))
+        summary.append(f"- `{name}`: " + next(line for line in out.splitlines() if line.startswith("Total:")))
     update_block(DOCS / "cluster.md", "base-runs", f"```yaml\n# my_base.yaml\n{BASE_RUNS.format(data='DATA_DIR')}```")
-    update_block(ROOT / "README.md", "plan-summary", f"Measured here ({load}), {written} at {commit}:\n\n"
-                 + "\n".join(summary))
+    papers = paper_plans()
+    update_block(DOCS / "compare-plans.md", "plans:papers", "\n".join([f"{commit}, {written}:", "", *papers]))
+    update_block(ROOT / "README.md", "plan-summary", f"FLOP plans, {written} at {commit} (docs/cluster.md, "
+                 "docs/compare-plans.md):\n\n" + "\n".join(summary) + "\n\nThe papers' own pre-training recipes "
+                 "planned the same way, beside the hours they report:\n\n" + "\n".join(papers))
     shutil.rmtree(work, ignore_errors=True)
-    print("docs/cluster.md and README.md: plans written")
+    print("docs/cluster.md, docs/compare-plans.md and README.md: plans written")
 
 
 def main() -> None:

@@ -33,14 +33,19 @@ from pathlib import Path
 from typing import Any
 
 from vlkit.compare.claims import check_claims
-from vlkit.compare.config import RunSpec, objective_mix, resolve_config, run_specs, task_cfg
+from vlkit.compare.config import RunSpec, look_sizes_of, objective_mix, resolve_config, run_specs, task_cfg
+from vlkit.compare.plan import plan_settings
 from vlkit.compare.scheduling import Comparison, Progress, digest
 from vlkit.compare.statistics import HEADLINE, mean_ci, paired_p_value, summarize
 from vlkit.compare.units import PLAN_FILE, UnitFolder, changed_keys, status
 
 # Keys a resumed comparison may change: where and how units run, not what they compute.
 RESUME_SAFE = ("output_dir", "resume", "dry_run", "progress", "workers", "cache_dir", "manifest",
-               "expected_data_hash", "compare.retries", "compare.executor", "compare.slurm", "compare.ray")
+               "expected_data_hash", "compare.retries", "compare.executor", "compare.slurm", "compare.ray", "compare.plan",
+               "compare.probe", "compare.until", "compare.max_seeds", "compare.round_seeds", "compare.claims")
+# (the claims and until / max_seeds / round_seeds decide what is tested and which seeds run, not what a unit
+# computes: a finished fixed comparison may go on with compare.until=decided; decide on it before reading the
+# results for its error guarantee)
 
 
 def _check_seeds(seeds: Any) -> None:
@@ -53,7 +58,8 @@ def _check_seeds(seeds: Any) -> None:
 
 def _plan(cfg: dict[str, Any], output_dir: Path, argv: list[str], resume: bool) -> Path:
     """Write ``plan.json`` (the resolved config and the command) or, resuming, check the saved one: a
-    changed configuration is refused naming each key that changed (`RESUME_SAFE` keys may change)."""
+    changed configuration is refused naming each key that changed (`RESUME_SAFE` keys may change, and the plan
+    then holds their new values and the resuming command)."""
     from vlkit.compare.report import dump_json
     from vlkit.io import atomic_write_text
 
@@ -71,6 +77,8 @@ def _plan(cfg: dict[str, Any], output_dir: Path, argv: list[str], resume: bool) 
             raise ValueError(f"resume=true: the configuration differs from the one {output_dir} was started with "
                              f"({path}); changed: " + "; ".join(changed) + ". Rerun with the original settings, or "
                              "use another output_dir")
+        # the resume-safe keys as this session sets them (its workers and later reports read them from here)
+        atomic_write_text(path, dump_json({**saved, "config": config, "argv": argv}))
         return path
     output_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, dump_json({"config": config, "argv": argv, "created": time.time()}))
@@ -80,16 +88,18 @@ def _plan(cfg: dict[str, Any], output_dir: Path, argv: list[str], resume: bool) 
 def main(cfg: Any, overrides: list[str] | None = None) -> int:
     import torch
 
-    from vlkit.compare.executors import ExecutorSettings, drive, retry_command
+    from vlkit.compare.executors import ExecutorSettings, retry_command
     from vlkit.registry import EXECUTORS
 
     cfg = resolve_config(cfg)
     compare = cfg["compare"]
     _check_seeds(compare.get("seeds"))
     settings = ExecutorSettings(cfg)
+    plan_settings(compare)
     torch.set_num_threads(settings.threads)
     comparison = Comparison(cfg, Path(cfg.get("output_dir") or "."), progress=cfg.get("progress", True))
     check_claims(compare.get("claims") or [], [s.name for s in comparison.specs])
+    look_sizes_of(compare)
     comparison.check_task_sources()
     comparison.check_trainers()
     executor_cls = EXECUTORS.get(compare.get("executor") or "local")
@@ -111,16 +121,7 @@ def main(cfg: Any, overrides: list[str] | None = None) -> int:
             comparison.environment(spec)
     finally:
         torch.set_num_threads(previous)
-    units = comparison.all_units()
-    keys = {comparison.key(u): u for u in units}
-    hashes = {k: comparison.unit_hash(u) for k, u in keys.items()}
-    reused = [k for k in keys if UnitFolder(comparison.unit_dir(keys[k]), k).finished(hashes[k]) is not None]
-    todo = [k for k in keys if k not in reused]
     executor = executor_cls(plan_path, settings)
-    comparison.say(f"{len(comparison.specs)} run(s) x {len(compare['seeds'])} seed(s) = {len(units)} units of work"
-                   + (f" ({len(reused)} finished before, reused)" if reused else "")
-                   + f"; executor {compare.get('executor') or 'local'}, {executor.slots} at once x {settings.threads} thread(s)")
-    progress = Progress(comparison, [keys[k] for k in todo], executor.slots)
     stop, stopped_by = threading.Event(), []
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -129,10 +130,12 @@ def main(cfg: Any, overrides: list[str] | None = None) -> int:
 
     handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)} \
         if threading.current_thread() is threading.main_thread() else {}
+    outcomes: dict[str, dict[str, Any]] = {}
     try:
-        outcomes = drive(todo, {k: (comparison.key(keys[k].depends_on()) if keys[k].depends_on() else None) for k in keys},
-                         executor, int(compare.get("retries") or 0),
-                         lambda key, state, note: _ended(progress, comparison, keys[key], state, note, hashes[key]), stop)
+        while True:  # one pass per look: every unit of the current seeds, then (until=decided) the next look's
+            outcomes.update(_run_look(comparison, executor, settings, stop))
+            if stopped_by or any(o["state"] != "finished" for o in outcomes.values()) or not next_look(comparison):
+                break
     finally:
         executor.close()
         for s, handler in handlers.items():
@@ -153,6 +156,60 @@ def main(cfg: Any, overrides: list[str] | None = None) -> int:
               f"After fixing the cause, rerun them (and their dependents only) with:\n  {retry}", file=sys.stderr)
         return 1
     return 0
+
+
+def _run_look(comparison: Comparison, executor: Any, settings: Any, stop: threading.Event) -> dict[str, dict[str, Any]]:
+    """Run every unit of the comparison's current seeds that has not finished before; the outcome of each run."""
+    from vlkit.compare.executors import drive
+
+    compare = comparison.compare
+    units = comparison.all_units()
+    keys = {comparison.key(u): u for u in units}
+    hashes = {k: comparison.unit_hash(u) for k, u in keys.items()}
+    reused = [k for k in keys if UnitFolder(comparison.unit_dir(keys[k]), k).finished(hashes[k]) is not None]
+    todo = [k for k in keys if k not in reused]
+    seeds = len(comparison.all_seeds())
+    comparison.say(f"{len(comparison.specs)} run(s) x {seeds} seed(s) = {len(units)} units of work"
+                   + (f" ({len(reused)} finished before, reused)" if reused else "")
+                   + f"; executor {compare.get('executor') or 'local'}, {executor.slots} at once x {settings.threads} thread(s)")
+    progress = Progress(comparison, [keys[k] for k in todo], executor.slots)
+    return drive(todo, {k: (comparison.key(keys[k].depends_on()) if keys[k].depends_on() else None) for k in keys},
+                 executor, int(compare.get("retries") or 0),
+                 lambda key, state, note: _ended(progress, comparison, keys[key], state, note, hashes[key]), stop)
+
+
+def finished_records(comparison: Comparison) -> list[dict[str, Any]]:
+    """The records of the comparison's finished units (`Comparison.collect`)."""
+    done = {u: s["result"] for u, (_, st, s) in zip(comparison.all_units(), unit_states(comparison)) if st == "finished"}
+    return comparison.collect(done)[0] if done else []
+
+
+def next_look(comparison: Comparison) -> bool:
+    """``compare.until=decided``: once every claim still running was tested at the current look, give the runs those
+    claims read the next look's seeds (`Comparison.add_seeds`); False when nothing is added (a fixed comparison,
+    every claim decided or at the last look, or a look still waiting for results)."""
+    from vlkit.compare.claims import claim_runs, sequential_verdicts
+
+    sizes = look_sizes_of(comparison.compare)
+    if sizes is None:
+        return False
+    entries = sequential_verdicts(finished_records(comparison), comparison.compare["claims"], sizes)
+    running = [e for e in entries if e["verdict"] == "running"]
+    index = {spec.name: i for i, spec in enumerate(comparison.specs)}
+    runs = {index[name] for e in running for name in claim_runs(e)}
+    if not runs:
+        return False
+    current = min(len(comparison.seeds_of(i)) for i in runs)
+    later = [size for size in sizes if size > current]
+    if not later or any(e["sequential"]["n"] < current for e in running):
+        return False
+    return comparison.add_seeds(runs, later[0])
+
+
+def replay_looks(comparison: Comparison) -> None:
+    """Bring a comparison read from its folder to the look its finished units reached (the same looks its run took)."""
+    while next_look(comparison):
+        pass
 
 
 def _ended(progress: Progress, comparison: Comparison, unit: Any, state: str, note: str, unit_hash: str) -> None:
@@ -190,6 +247,7 @@ def report_from_folder(comparison: Comparison, wall: float | None = None) -> str
     from vlkit.train import pipeline
 
     cfg, output_dir = comparison.cfg, comparison.output_dir
+    replay_looks(comparison)
     states = unit_states(comparison)
     done = {u: s["result"] for u, (_, st, s) in zip(comparison.all_units(), states) if st == "finished"}
     counts: dict[str, int] = {}
@@ -219,7 +277,12 @@ def report_from_folder(comparison: Comparison, wall: float | None = None) -> str
     store = next((env.data["image"].get("path") for env in comparison._environments.values()
                   if env.data["image"].get("source") == "features"), None)
     write_manifest(output_dir, cfg, audit, store, wall, complete=len(done) == len(states))
-    table = write_outputs(output_dir, cfg, records, audit, curves, wall)
+    costs = None
+    if cfg["compare"].get("claims"):  # what the seeds a claim needs would cost
+        from vlkit.compare.plan import seed_costs
+
+        costs = seed_costs(comparison)
+    table = write_outputs(output_dir, cfg, records, audit, curves, wall, costs)
     if rows:
         table += f"\n\n{len(rows)} of {len(states)} units are not finished ({summary}): see {output_dir / 'units.md'}"
     return table

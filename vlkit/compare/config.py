@@ -175,6 +175,29 @@ def task_cfg(compare: dict[str, Any], name: str, spec: RunSpec | None = None) ->
     return pipeline.plain(OmegaConf.merge(OmegaConf.load(conf_dir / "task" / f"{name}.yaml"), *layers))
 
 
+def look_sizes_of(compare: dict[str, Any]) -> list[int] | None:
+    """The looks of ``compare.until=decided`` (`vlkit.compare.sequential.look_sizes`), None for a fixed comparison;
+    the keys are checked before any work, naming the one at fault."""
+    from vlkit.compare.sequential import look_sizes
+
+    until = compare.get("until") or "fixed"
+    if until not in ("fixed", "decided"):
+        raise ValueError(f"compare.until={until!r}: fixed (every run at compare.seeds) or decided (seeds added in "
+                         "rounds until each claim is decided)")
+    if until == "fixed":
+        return None
+    if not compare.get("claims"):
+        raise ValueError("compare.until=decided adds seeds until the claims are decided, and compare.claims is empty")
+    for key in ("max_seeds", "round_seeds"):
+        value = compare.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"compare.{key}={value!r}: a positive whole number (compare.until=decided)")
+    if compare["max_seeds"] < len(compare["seeds"]):
+        raise ValueError(f"compare.max_seeds={compare['max_seeds']} is below the {len(compare['seeds'])} "
+                         f"compare.seeds {compare['seeds']}")
+    return look_sizes(len(compare["seeds"]), compare["max_seeds"], compare["round_seeds"])
+
+
 def run_data(data: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
     """The data config of a run: the comparison's, with the run's own image source (``runs[].data.image``:
     e.g. a BUTD feature store for the region families and the image folder for a pixel family)."""

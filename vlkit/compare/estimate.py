@@ -1,8 +1,10 @@
 """``vlkit compare ... dry_run=true``: every unit with its dependency and resources, and what the comparison
-will cost, from a short probe measured on this machine (a few training steps of each distinct model and
-objective mix, and of each distinct model and task), before anything is spent."""
+will cost, before anything is spent: by default from each unit's training FLOPs counted on its model at its
+shapes (`vlkit.compare.plan`, no data read), or with ``compare.plan.method=probe`` from a short probe measured on
+this machine (a few training steps of each distinct model and objective mix, and of each distinct model and task)."""
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 from pathlib import Path
@@ -103,7 +105,70 @@ def simulate(durations: dict[str, float], depends: dict[str, str | None], order:
 
 
 def dry_run(comparison: Any, settings: Any) -> str:
-    """The plan as text: one line per unit, then device-hours and wall time per executor."""
+    """The plan as text: one line per unit, then the total and the wall time per executor."""
+    from vlkit.compare.plan import plan_settings
+
+    plan = plan_settings(comparison.compare)
+    return flops_plan(comparison, settings, plan) if plan["method"] == "flops" else probe_plan(comparison, settings)
+
+
+def _slots(settings: Any) -> dict[str, int]:
+    """Units at once per executor."""
+    gpus = settings.gpus_per_unit
+    return {"local": max(1, (len(_gpus()) // gpus) if gpus else settings.workers),
+            "slurm": int(settings.slurm.get("array_parallelism") or 256),
+            "ray": int(settings.ray.get("max_concurrent") or settings.workers)}
+
+
+def flops_plan(comparison: Any, settings: Any, plan_cfg: dict[str, Any]) -> str:
+    """The FLOP plan as text: per unit its FLOPs per step, steps, device-hours and wall; the total FLOPs and
+    GPU-hours, and the wall time per executor."""
+    from vlkit.compare.plan import make_plan
+    from vlkit.compare.report import markdown_table
+
+    units = comparison.all_units()
+    nodes = int(settings.slurm.get("nodes") or 1)
+    plan = make_plan(comparison, plan_cfg, settings.gpus_per_unit, settings.threads, nodes)
+    rows, depends, durations = [], {}, {}
+    for unit, row in zip(units, plan.units):
+        parent = unit.depends_on()
+        depends[row.key] = comparison.key(parent) if parent else None
+        durations[row.key] = row.wall_hours * 3600
+        rows.append([row.key, depends[row.key] or "–", f"{row.steps:,}", _figure(row.flops_per_step / 1e9),
+                     _figure(row.flops / 1e15), _figure(row.hours), f"{row.devices}", _figure(row.wall_hours)])
+    device = plan.device
+    kind = "GPU" if device.name != "cpu" else "CPU"
+    peaks = ", ".join(f"{p} {device.peaks[p]:,.1f}" for p in dict.fromkeys(r.precision for r in plan.units))
+    shapes = sorted({(r.shapes.batch_size, r.shapes.text_len, r.shapes.regions) for r in plan.units})
+    out = [f"vlkit compare dry run: {len(units)} units ({sum(u.is_pretrain for u in units)} pre-trainings) of "
+           f"{len(comparison.specs)} run(s) x {len(comparison.compare['seeds'])} seed(s); nothing is run.", "",
+           markdown_table(["unit", "after", "steps", "GFLOP/step", "PFLOP", f"{kind}-hours", "devices", "wall h"],
+                          rows), "",
+           "FLOPs: each unit's training step (forward and backward of every pass of its objective mix or task) "
+           "counted by torch.utils.flop_counter on its model built on the meta device, at (batch, tokens, regions) "
+           f"{', '.join(map(str, shapes))} (compare.plan.text_len / regions; patches from the model).",
+           f"Device: {device.name}, dense peak {peaks} TFLOPS; MFU {plan.mfu:.1%} ({plan.mfu_source}); hours = FLOPs "
+           "/ (peak x MFU), training steps only, evaluation not included.",
+           f"Total: {_figure(plan.flops / 1e15)} PFLOP = {_figure(plan.hours)} {kind}-hours"
+           + (f" (units of {settings.threads} thread(s))." if device.name == "cpu" else ".")]
+    order = [r.key for r in plan.units]
+    for name, n in _slots(settings).items():
+        out.append(f"- executor {name}: {n} unit(s) at once -> about "
+                   f"{_figure(simulate(durations, depends, order, n) / 3600)} h wall")
+    return "\n".join(out)
+
+
+def _figure(value: float) -> str:
+    """Three significant figures, thousands separated: 0.00123, 4.56, 1,234."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    decimals = max(0, 2 - math.floor(math.log10(abs(value))))
+    return f"{value:,.{decimals}f}"
+
+
+def probe_plan(comparison: Any, settings: Any) -> str:
+    """The measured plan (``compare.plan.method=probe``) as text: one line per unit, then device-hours and wall
+    time per executor."""
     import torch
 
     from vlkit.compare.report import markdown_table
@@ -130,9 +195,7 @@ def dry_run(comparison: Any, settings: Any) -> str:
     total = sum(durations.values())
     unit_devices = max(1, gpus) * slurm_nodes if gpus else 1
     order = [comparison.key(u) for u in units]
-    slots = {"local": max(1, (len(_gpus()) // gpus) if gpus else settings.workers),
-             "slurm": int(settings.slurm.get("array_parallelism") or 256),
-             "ray": int(settings.ray.get("max_concurrent") or settings.workers)}
+    slots = _slots(settings)
     hours = total * unit_devices / 3600
     what = "GPU-hours" if gpus and torch.cuda.is_available() else "CPU-thread-hours" if settings.threads == 1 \
         and not gpus else "device-hours (timed on this CPU, not on the GPUs the units ask for)"

@@ -159,27 +159,63 @@ def dump_json(value: Any) -> str:
 
 
 def claims_table(claims: list[dict[str, Any]]) -> str:
+    """The claims with their effect and verdict: Holm's p (a fixed comparison), or the look that decided each and
+    its p against the boundary's level (``compare.until=decided``)."""
     lines = []
+    sequential = any("sequential" in c for c in claims)
     for c in claims:
         effect = "–" if c["effect"] != c["effect"] else f"{c['effect'] * POINTS:+.1f} ± {c['ci95'] * POINTS:.1f}"
-        p = "–" if c["p_holm"] != c["p_holm"] else f"{c['p_holm']:.3f}"
+        if sequential:
+            rule = c["sequential"]
+            p = "–" if not rule["look"] else f"look {rule['look']} ({rule['n']} seeds): p {_p(rule['p'])} vs {_p(rule['level'])}"
+        else:
+            p = "–" if c["p_holm"] != c["p_holm"] else f"{c['p_holm']:.3f}"
         lines.append([c["claim"], f"{c['a']} vs {c['b']}", c["metric"], c.get("paper", ""), effect, p,
                       f"**{c['verdict']}**"])
-    return markdown_table(["claim", "compared", "metric", "paper", "effect (points)", "Holm p", "verdict"], lines)
+    return markdown_table(["claim", "compared", "metric", "paper", "effect (points)",
+                           "decided at: p vs boundary" if sequential else "Holm p", "verdict"], lines)
 
 
-def analyse(records: list[dict[str, Any]], claims: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Everything the report shows, as data: summary rows, tests, chance levels, detectable effects, claims."""
-    from vlkit.compare.claims import evaluate_claims
+def _p(value: float) -> str:
+    return "–" if value != value else f"{value:.2g}" if value < 0.001 else f"{value:.3f}"
+
+
+def seeds_table(rows: list[dict[str, Any]], device: str) -> str:
+    """Per claim: the observed effect and SD of the paired differences, and the seeds (and device-hours) a fixed
+    design needs for 80% power at the paper's effect and at the observed one (`vlkit.compare.claims.seeds_needed`)."""
+    def cell(n: Any, hours: Any) -> str:
+        return "> 1,000" if n is None else f"{n} ({hours:,.2f} h)" if hours == hours else str(n)
+
+    lines = []
+    for r in rows:
+        observed = "–" if r["effect"] != r["effect"] else \
+            f"{r['effect'] * POINTS:+.1f} (SD {r['sd'] * POINTS:.1f}, {r['n']} seeds)"
+        paper = "–" if r["paper_effect"] is None else f"{r['paper_effect'] * POINTS:+.2f}"
+        lines.append([r["claim"], r["metric"], observed, paper,
+                      "–" if r["paper_effect"] is None else cell(r["seeds_paper"], r["hours_paper"]),
+                      cell(r["seeds_observed"], r["hours_observed"])])
+    return markdown_table(["claim", "metric", "observed effect (points)", "paper effect",
+                           f"seeds at paper effect ({device}-h)", f"seeds at observed effect ({device}-h)"], lines)
+
+
+def analyse(records: list[dict[str, Any]], claims: list[dict[str, Any]] | None = None, sizes: list[int] | None = None,
+            costs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything the report shows, as data: summary rows, tests, chance levels, detectable effects, claims (by the
+    group-sequential rule over the looks ``sizes`` when given), and the seeds each claim needs at the per-seed
+    device-hours of each run in ``costs`` (``{"device": ..., "seed_hours": {run: hours}}``)."""
+    from vlkit.compare.claims import evaluate_claims, seeds_needed, sequential_verdicts
 
     rows = summarize(records)
+    entries = sequential_verdicts(records, claims or [], sizes) if sizes else evaluate_claims(records, claims or [])
     metrics = [c for c in HEADLINE if any(c in r for r in rows)]
     scratch = scratch_tests(records, metrics)
     pairwise = pairwise_tests(records, metrics)
     seeds = max((len(r["seeds"]) for r in rows), default=0)
     return {"summary": rows, "metrics": metrics, "tests": {"vs_scratch": scratch, "pairwise": pairwise},
             "chance": chance_levels(records), "detectable_effects": detectable_effects(scratch, seeds),
-            "claims": evaluate_claims(records, claims or []), "seeds": seeds}
+            "claims": entries, "seeds": seeds, "looks": sizes,
+            "seeds_needed": seeds_needed(entries, (costs or {}).get("seed_hours") or {}) if entries else [],
+            "plan": {k: v for k, v in (costs or {}).items() if k != "seed_hours"} or None}
 
 
 def machine_note(machine: dict[str, Any] | None) -> str:
@@ -192,13 +228,15 @@ def machine_note(machine: dict[str, Any] | None) -> str:
 
 
 def write_outputs(output_dir: Path, cfg: dict[str, Any], records: list[dict[str, Any]], audit: dict[str, Any],
-                  curves: dict[str, list[dict[str, Any]]], wall: float) -> str:
+                  curves: dict[str, list[dict[str, Any]]], wall: float, costs: dict[str, Any] | None = None) -> str:
+    from vlkit.compare.config import look_sizes_of
     from vlkit.io import atomic_write_text
 
-    result = analyse(records, cfg["compare"].get("claims"))
+    sizes = look_sizes_of(cfg["compare"])
+    result = analyse(records, cfg["compare"].get("claims"), sizes, costs)
     rows, metrics = result["summary"], result["metrics"]
     table = results_table(rows, metrics + [c for c in COSTS if any(c in r for r in rows)])
-    seeds = cfg["compare"]["seeds"]
+    seeds = sorted({r["seed"] for r in records})
     notes = [f"# vlkit compare: {cfg['compare'].get('title', 'comparison')}", "",
              f"Data: `{cfg['data'].get('name')}` (hash `{audit['data_hash'][:12]}`), seeds {seeds}, "
              f"pre-training {cfg['compare']['budget']['pretrain_steps']} steps, wall time {wall:.0f} s."
@@ -208,9 +246,18 @@ def write_outputs(output_dir: Path, cfg: dict[str, Any], records: list[dict[str,
              "(– where a task does not apply).", chance_note(result["chance"]), "", table, ""]
     notes += answer_types_section(rows, records)
     if result["claims"]:
+        how = (f"decided by the group-sequential rule at looks after {sizes} seeds (exact t boundaries, O'Brien-Fleming-"
+               f"type spending, graphical Holm over the claims: family-wise error {ALPHA}; docs/compare-sequential.md)"
+               if sizes else f"Holm-corrected over the claims (p < {ALPHA})")
         notes += ["## The papers' claims", "", "Each claim as a paired t-test over seeds (effect = first minus "
-                  f"second, in points, ± 95% CI), Holm-corrected over the claims (p < {ALPHA}).", "",
-                  claims_table(result["claims"]), ""]
+                  f"second, in points, ± 95% CI), {how}.", "", claims_table(result["claims"]), ""]
+        if result["plan"]:
+            plan = result["plan"]
+            notes += ["### Seeds a claim needs", "", "The seeds a fixed design needs for 80% power (two-sided paired "
+                      f"t-test at Holm's strictest level, {ALPHA} / {len(result['claims'])}), at the paper's effect and "
+                      "at the observed one, with the observed SD of the paired differences; in brackets their cost: "
+                      f"the claim's two runs per seed on {plan['device']} at MFU {plan['mfu']:.1%} (`compare.plan`).",
+                      "", seeds_table(result["seeds_needed"], plan["device"]), ""]
     notes += ["## Pre-training vs scratch", "",
               f"The same model fine-tuned after pre-training minus without it, paired by seed; `*`: Holm-corrected "
               f"p < {ALPHA} over this table.", "", tests_table(result["tests"]["vs_scratch"], metrics, "run"), "",

@@ -46,6 +46,35 @@ class Comparison:
         self._eval_pairs: dict[str, Any] = {}
         self._task_data: dict[str, Any] = {}
         self._hashes: dict[Unit, str] = {}
+        self.run_seeds: dict[int, list[int]] = {}  # compare.until=decided: a run's seeds at the current look
+
+    # -- seeds -------------------------------------------------------------------------------------
+    def seeds_of(self, index: int) -> list[int]:
+        """Run ``index``'s seeds: ``compare.seeds``, more once ``compare.until=decided`` added some (`add_seeds`)."""
+        return self.run_seeds.get(index, list(self.compare["seeds"]))
+
+    def candidate_seeds(self) -> list[int]:
+        """Every seed a run may get: ``compare.seeds``, then with ``compare.until=decided`` the next integers up to
+        ``compare.max_seeds`` seeds in all."""
+        seeds = list(self.compare["seeds"])
+        if self.compare.get("until") == "decided":
+            start = max(seeds) + 1
+            seeds += list(range(start, start + int(self.compare["max_seeds"]) - len(seeds)))
+        return seeds
+
+    def all_seeds(self) -> list[int]:
+        """The seeds some run has now, in `candidate_seeds` order."""
+        have = {seed for i in range(len(self.specs)) for seed in self.seeds_of(i)}
+        return [seed for seed in self.candidate_seeds() if seed in have]
+
+    def add_seeds(self, runs: set[int], count: int) -> bool:
+        """Give each run of ``runs`` the first ``count`` candidate seeds (a next look); False when none gained any."""
+        grown = False
+        for i in runs:
+            seeds = self.candidate_seeds()[:count]
+            grown |= len(seeds) > len(self.seeds_of(i))
+            self.run_seeds[i] = seeds
+        return grown
 
     # -- helpers ---------------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -146,12 +175,26 @@ class Comparison:
 
     def all_units(self) -> list[Unit]:
         """Every unit in the order they are started: pre-trainings, the scratch baselines, then the
-        fine-tunings of each pre-training (which wait for it)."""
-        seeds = self.compare["seeds"]
-        pretrain = [Unit(i, seed) for seed in seeds for i, s in enumerate(self.specs) if s.objectives is not None]
-        scratch = [u for seed in seeds for i, spec in enumerate(self.specs) if "scratch" in self.variants(spec)
+        fine-tunings of each pre-training (which wait for it); each run at its seeds (`seeds_of`)."""
+        runs = [(seed, i, spec) for seed in self.all_seeds() for i, spec in enumerate(self.specs)
+                if seed in self.seeds_of(i)]
+        pretrain = [Unit(i, seed) for seed, i, spec in runs if spec.objectives is not None]
+        scratch = [u for seed, i, spec in runs if "scratch" in self.variants(spec)
                    for u in self.finetune_units(i, seed, "scratch")]
         return pretrain + scratch + [u for p in pretrain for u in self.finetune_units(p.run, p.seed, "pretrained")]
+
+    def unit_of(self, key: str) -> Unit:
+        """The unit whose key is ``key`` (`key`), at any seed the comparison may give its run; `KeyError` otherwise."""
+        name, _, rest = key.partition("/seed")
+        seed, _, stage = rest.partition("/")
+        index = next((i for i, spec in enumerate(self.specs) if spec.name == name), None)
+        if index is not None and seed.isdigit() and int(seed) in self.candidate_seeds():
+            spec, (variant, _, task) = self.specs[index], stage.partition("-")
+            if stage == "pretrain" and spec.objectives is not None:
+                return Unit(index, int(seed))
+            if variant in self.variants(spec) and task in self.tasks_for(spec):
+                return Unit(index, int(seed), variant, task)
+        raise KeyError(f"{key!r} is not a unit of the comparison in {self.output_dir}")
 
     def key(self, unit: Unit) -> str:
         return unit.key(self.specs[unit.run].name)
@@ -273,8 +316,10 @@ class Comparison:
         records: list[dict[str, Any]] = []
         audit: dict[str, Any] = {"pretrain_ids": {}, "finetune_ids": {}, "data": {}}
         curves: dict[str, list[dict[str, Any]]] = {}
-        for seed in self.compare["seeds"]:
+        for seed in self.all_seeds():
             for i, spec in enumerate(self.specs):
+                if seed not in self.seeds_of(i):
+                    continue
                 for variant in self.variants(spec):
                     pre = done.get(Unit(i, seed)) if variant == "pretrained" else None
                     parts = ([pre] if pre else []) + [done[u] for u in self.finetune_units(i, seed, variant) if u in done]

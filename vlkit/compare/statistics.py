@@ -88,16 +88,15 @@ def holm(p_values: Sequence[float]) -> list[float]:
 def min_detectable_effect(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
     """The smallest true mean difference a two-sided paired t-test over ``n`` seeds detects with probability
     ``power`` at level ``alpha``, when the differences have standard deviation ``sd`` (noncentral t)."""
-    from scipy import optimize, stats
+    from scipy import optimize
+
+    from vlkit.compare.sequential import paired_power
 
     if n < 2 or not math.isfinite(sd) or sd <= 0:
         return float("nan")
-    df, crit = n - 1, stats.t.ppf(1 - alpha / 2, n - 1)
 
     def shortfall(effect: float) -> float:
-        nc = effect * math.sqrt(n) / sd
-        reach = stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc)
-        return reach - power if math.isfinite(reach) else 1.0 - power  # scipy gives NaN where the power is ~1
+        return paired_power(effect, sd, n, alpha) - power if effect > 0 else -power
 
     high = sd
     while shortfall(high) < 0:

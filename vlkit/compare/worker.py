@@ -32,13 +32,6 @@ def comparison_of(plan_path: str | Path) -> Any:
     return _COMPARISONS[plan_path]
 
 
-def _unit_of(comparison: Any, key: str) -> Any:
-    for unit in comparison.all_units():
-        if comparison.key(unit) == key:
-            return unit
-    raise KeyError(f"{key!r} is not a unit of the comparison in {comparison.output_dir}")
-
-
 def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
@@ -102,7 +95,7 @@ def run_job(plan_path: str | Path, key: str) -> dict[str, Any]:
     comparison = comparison_of(plan_path)
     torch.set_num_threads(unit_threads(comparison.cfg))  # a spawned worker would otherwise take every core
     freeze_held_objects()
-    unit = _unit_of(comparison, key)
+    unit = comparison.unit_of(key)
     config = comparison.unit_config(unit)
     unit_hash = config_hash(config)
     folder = UnitFolder(comparison.unit_dir(unit), key)

@@ -258,34 +258,44 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
         return next(self.parameters()).device
 
     # -- example inputs ----------------------------------------------------------------------
-    def example_batch(self, batch_size: int = 2, seed: int = 0, text_len: int = 12, num_regions: int = 10) -> VLBatch:
-        """Valid random inputs of the kind this family takes; the last example is padded shorter."""
+    def example_batch(self, batch_size: int = 2, seed: int = 0, text_len: int = 12, num_regions: int = 10,
+                      padded: bool = True, values: bool = True) -> VLBatch:
+        """Valid random inputs of the kind this family takes, on the model's device; the last example is padded
+        shorter (``padded``). ``values=False``: the floating-point inputs are shapes only, on the meta device, and
+        ids and masks stay on the CPU (a FLOP count, `vlkit.compare.flops`)."""
         g = torch.Generator().manual_seed(seed)
+
+        def floats(*shape: int, normal: bool = False) -> torch.Tensor:
+            if not values:
+                return torch.empty(shape, device="meta")
+            return torch.randn(*shape, generator=g) if normal else torch.rand(*shape, generator=g)
+
         pad_id = getattr(self.config, "pad_token_id", 0)
         ids = torch.randint(pad_id + 1, self.vocab_size, (batch_size, text_len), generator=g)
         mask = torch.ones(batch_size, text_len, dtype=torch.long)
-        if batch_size > 1:
+        if batch_size > 1 and padded:
             mask[-1, text_len // 2:] = 0
             ids[-1, text_len // 2:] = pad_id
         fields: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
         if self.image_input == "regions":
             k, d, c = num_regions, self.region_feature_size, self.region_classes
-            xy = torch.rand(batch_size, k, 2, generator=g) * 0.5
-            wh = torch.rand(batch_size, k, 2, generator=g) * 0.5 + 0.05
+            xy = floats(batch_size, k, 2) * 0.5
+            wh = floats(batch_size, k, 2) * 0.5 + 0.05
             region_mask = torch.ones(batch_size, k, dtype=torch.long)
-            if batch_size > 1:
+            if batch_size > 1 and padded:
                 region_mask[-1, k // 2:] = 0
             fields.update(
-                region_feats=torch.rand(batch_size, k, d, generator=g) * region_mask[..., None],
+                region_feats=floats(batch_size, k, d) * region_mask[..., None].to(xy.device),
                 region_boxes=torch.cat([xy, xy + wh], dim=-1),
                 region_mask=region_mask,
             )
             if c is not None:  # soft labels of the detector's classes (a family that reads none gets none)
-                fields["region_soft_labels"] = torch.softmax(torch.randn(batch_size, k, c, generator=g), dim=-1)
+                fields["region_soft_labels"] = torch.softmax(floats(batch_size, k, c, normal=True), dim=-1)
         else:
             size = self.image_size
-            fields["pixel_values"] = torch.randn(batch_size, 3, size, size, generator=g)
-        return VLBatch(**fields).to(self.device)
+            fields["pixel_values"] = floats(batch_size, 3, size, size, normal=True)
+        batch = VLBatch(**fields)
+        return batch.to(self.device) if values else batch
 
     # -- save / load -----------------------------------------------------------------------------
     def config_to_save(self) -> dict[str, Any]:

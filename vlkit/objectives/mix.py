@@ -263,7 +263,9 @@ class Pretraining(nn.Module):
                            hf_skip_ids=t.hf_skip_ids, **options)
 
     # -- a training step -------------------------------------------------------------------------
-    def forward(self, batch: VLBatch, step: int = 0, micro_step: int | None = None) -> LossOutput:
+    def forward(self, batch: VLBatch, step: int = 0, micro_step: int | None = None,
+                units: list[Unit] | None = None) -> LossOutput:
+        """The loss of one step: of ``units`` when given (a FLOP count of each), else of those drawn for ``step``."""
         micro_step = step if micro_step is None else micro_step
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + micro_step)
         total: Tensor | None = None
@@ -271,7 +273,7 @@ class Pretraining(nn.Module):
         # unimodal encodings of the clean batch, shared by the passes that show it unchanged (or
         # permuted); per side, only when its encoding draws no random numbers (re-encoding gives the same)
         clean = _CleanEncodings(self.model, batch, self.shared_sides())
-        for views, scored in self.plan(self.active_units(step)):
+        for views, scored in self.plan(self.active_units(step) if units is None else units):
             if views == {UNIMODAL}:
                 corrupted, ctx = batch, PassContext(original=batch)
                 rows = torch.arange(batch.batch_size, device=batch.device)

@@ -105,6 +105,18 @@ class Task(nn.Module, metaclass=abc.ABCMeta):
     def build_data(cls, cfg: Mapping[str, Any], tokenizer: Any, image_source: Any, world: Any = None) -> TaskData:
         """The task's `TaskData` from ``cfg`` (``conf/task/<name>.yaml``)."""
 
+    @classmethod
+    def plan_options(cls, cfg: Mapping[str, Any]) -> dict[str, Any]:
+        """The constructor options `build_data` derives from the data, as a FLOP plan (`vlkit.compare.flops`)
+        assumes them without reading any: none by default."""
+        return {}
+
+    def example_batch(self, batch_size: int, text_len: int, num_regions: int, values: bool = True) -> VLBatch:
+        """A training batch of this task's form, random inputs of these shapes without padding (a FLOP count's
+        input; ``values``: `VLModel.example_batch`)."""
+        return self.model.example_batch(batch_size, text_len=text_len, num_regions=num_regions, padded=False,
+                                        values=values)
+
 
 def eval_batches(task: Task, batches: Iterable[VLBatch], desc: str) -> Iterable[VLBatch]:
     """Iterate ``batches`` on the task's device in eval mode under ``no_grad``, with a progress bar;

@@ -206,6 +206,12 @@ class NLVR2Task(HeadTask):
             out["nlvr2_majority_baseline"] = float((gold_all == int(self.majority_label)).double().mean())
         return out
 
+    def example_batch(self, batch_size: int, text_len: int, num_regions: int, values: bool = True) -> VLBatch:
+        """``batch_size`` statements, each two rows (its left and right image)."""
+        batch = super().example_batch(2 * batch_size, text_len, num_regions, values)
+        ids = [str(k // 2) for k in range(2 * batch_size)]
+        return batch.replace(ids=ids, targets={"label": torch.zeros(2 * batch_size, dtype=torch.long)})
+
     @classmethod
     def build_data(cls, cfg: Mapping[str, Any], tokenizer: Any, image_source: Any, world: Any = None) -> TaskData:
         """Statements of the shapes world or of NLVR2 jsonl files (``files.<split>``: a path or a list)."""

@@ -175,6 +175,11 @@ class RefExp(Task):
         hits = refexp_hits(region_ious(batch, self.iou_boxes), IOU_THRESHOLD, self.iou_comparison)
         return hits & batch.region_mask.bool()
 
+    def example_batch(self, batch_size: int, text_len: int, num_regions: int, values: bool = True) -> VLBatch:
+        batch = super().example_batch(batch_size, text_len, num_regions, values)
+        hw = torch.full((batch_size, 2), 100.0)
+        return batch.replace(targets={"image_hw": hw, "ref_box": torch.tensor([10.0, 10.0, 60.0, 60.0]).repeat(batch_size, 1)})
+
     @classmethod
     def build_data(cls, cfg: Mapping[str, Any], tokenizer: Any, image_source: Any, world: Any = None) -> TaskData:
         """One example per expression: ``{id, image_id, sentence, ref_box (xyxy px), image_hw}``.

@@ -449,6 +449,11 @@ class Retrieval(Task):
                             self.prerank_text_mean)
 
     # -- data ------------------------------------------------------------------------------------
+    def example_batch(self, batch_size: int, text_len: int, num_regions: int, values: bool = True) -> VLBatch:
+        """Positive pairs of ``batch_size`` different images (the negatives are drawn from the batch)."""
+        batch = super().example_batch(batch_size, text_len, num_regions, values)
+        return batch.replace(image_ids=[str(k) for k in range(batch_size)])
+
     @classmethod
     def build_data(cls, cfg: Mapping[str, Any], tokenizer: Any, image_source: Any, world: Any = None) -> TaskData:
         """Training captions (`ImageTextPairs`), `RetrievalSet` per evaluation split, and the training

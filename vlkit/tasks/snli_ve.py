@@ -84,6 +84,10 @@ class SNLIVETask(HeadTask):
             out["snli_ve_majority_baseline"] = sum(g == self.majority_label for g in gold) / len(gold)
         return out
 
+    def example_batch(self, batch_size: int, text_len: int, num_regions: int, values: bool = True) -> VLBatch:
+        batch = super().example_batch(batch_size, text_len, num_regions, values)
+        return batch.replace(targets={"label": [self.label_names[0]] * batch_size})
+
     @classmethod
     def build_data(cls, cfg: Mapping[str, Any], tokenizer: Any, image_source: Any, world: Any = None) -> TaskData:
         """Hypotheses of the shapes world or of SNLI-VE jsonl files (``files.<split>``: a path or a list)."""

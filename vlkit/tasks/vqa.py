@@ -17,6 +17,9 @@ from vlkit.tasks.base import HeadTask, TaskData, classification_loss, mean, most
 from vlkit.tasks.metrics import VQA_RULES, mean_by, normalize_answer, vqa_accuracy, vqa_score_from_soft_targets
 from vlkit.types import LossOutput, VLBatch
 
+VQA_V2_ANSWERS = 3129  # the official answer vocabulary of VQA v2 (the train answers seen 9 times or more)
+
+
 def _target_answer(record: Mapping[str, Any]) -> str | None:
     """The normalised answer a question counts for: its ``multiple_choice_answer``, else the most
     common normalised human answer."""
@@ -278,6 +281,17 @@ class VQATask(HeadTask):
             by_type = mean_by(accuracy, types)
             out.update({prefix + _key(kind): by_type[kind] for kind in sorted(set(by_type) - {""})})
         return out
+
+    @classmethod
+    def plan_options(cls, cfg: Mapping[str, Any]) -> dict[str, Any]:
+        """The answer vocabulary's size: ``num_answers``, else VQA v2's 3,129."""
+        return {"num_answers": int(cfg.get("num_answers") or VQA_V2_ANSWERS)}
+
+    def example_batch(self, batch_size: int, text_len: int, num_regions: int, values: bool = True) -> VLBatch:
+        batch = super().example_batch(batch_size, text_len, num_regions, values)
+        soft = torch.zeros(batch_size, self.num_answers, device=batch.device)
+        soft[:, 0] = 1.0
+        return batch.replace(targets={"soft_targets": soft})
 
     @classmethod
     def build_data(cls, cfg: Mapping[str, Any], tokenizer: Any, image_source: Any, world: Any = None) -> TaskData:

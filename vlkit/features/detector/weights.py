@@ -37,6 +37,11 @@ def save_detector(
     return directory / f"{name}.json"
 
 
+def shapes_detector_config() -> DetectorConfig:
+    """The shipped shapes detector's configuration (its feature size and classes), without its weights."""
+    return DetectorConfig.from_dict(json.loads((ASSETS / "shapes_detector.json").read_text())["config"])
+
+
 def load_detector(
     name: str | os.PathLike = "shapes", weights: str | os.PathLike | None = None, device: str | torch.device = "cpu",
     random_init: bool = False, **overrides: Any,

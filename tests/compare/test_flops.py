@@ -1,0 +1,129 @@
+"""Issue 42: a comparison's plan in FLOPs. Every unit's FLOPs per step, counted on the meta device without
+computing, equal torch's counter run on the same model, objective mix or task and batch computed for real
+(within 1%), for each family's pre-training and fine-tunings; the dry run prints FLOPs, steps and GPU-hours per
+unit without reading any data."""
+import math
+import time
+
+import pytest
+import torch
+
+from vlkit.cli import compose, main
+from vlkit.compare import Comparison, resolve_config
+from vlkit.compare.config import objective_mix, run_data
+from vlkit.compare.devices import DEVICES
+from vlkit.compare.flops import flop_counter_mode, plan_sizes
+from vlkit.compare.plan import make_plan, plan_settings, unit_shapes
+from vlkit.models.base import build_model, split_model_config
+from vlkit.objectives.mix import build_pretraining
+from vlkit.registry import MODELS, TASKS
+from vlkit.tasks import build_task
+
+# the smoke comparison at a batch of 8, its texts and regions at plan shapes of their own
+SMOKE = ["compare=smoke", "compare.seeds=[0]", "compare.trainer.common.batch_size=8", "compare.plan.regions=7",
+         "compare.plan.text_len=11"]
+
+
+def real_flops(module, batch, **forward) -> int:
+    """torch's counter around one training step computed for real."""
+    module.train()
+    counter = flop_counter_mode()
+    with counter:
+        module(batch, **forward).loss.backward()
+    return counter.get_total_flops()
+
+
+@pytest.fixture(scope="module")
+def smoke_plan():
+    cfg = resolve_config(compose("compare", SMOKE))
+    comparison = Comparison(cfg, ".", progress=False)
+    return comparison, make_plan(comparison, plan_settings(cfg["compare"]))
+
+
+def _real_model(comparison, spec):
+    data = run_data(comparison.cfg["data"], spec)
+    name, preset, overrides = split_model_config(spec.model)
+    cls = MODELS.get(name)
+    sizes = plan_sizes(cls, overrides, data, cls.config_class.from_preset(preset, **overrides))
+    torch.manual_seed(0)
+    return build_model({**spec.model, **sizes})
+
+
+@pytest.mark.parametrize("family", ["vilbert", "uniter", "meter"])
+def test_a_units_flops_per_step_equal_torchs_counter_on_the_real_step(smoke_plan, family):
+    """Pre-training (per objective a step may draw, weighted by the mix's ratios) and every fine-tuning of the
+    family (the pre-trained variant's tasks, retrieval built from the pre-training's ITM head)."""
+    comparison, plan = smoke_plan
+    planned = plan.by_key()
+    index = next(i for i, s in enumerate(comparison.specs) if s.family == family)
+    spec = comparison.specs[index]
+    units = [u for u in comparison.all_units() if u.run == index and (u.is_pretrain or u.variant == "pretrained")]
+    assert len(units) >= 4
+    for unit in units:
+        model = _real_model(comparison, spec)
+        pretraining = build_pretraining(model, objective_mix(spec))
+        shapes = unit_shapes(comparison, unit, plan_settings(comparison.compare), model)
+        if unit.is_pretrain:
+            batch = model.example_batch(shapes.batch_size, text_len=shapes.text_len, num_regions=shapes.regions,
+                                        padded=False)
+            drawn = [u for u in pretraining.units if not u.every_step]
+            always = [u for u in pretraining.units if u.every_step]
+            if pretraining.sampling == "sum":
+                expected = real_flops(pretraining, batch, units=list(pretraining.units))
+            else:
+                total = sum(u.ratio for u in drawn)
+                expected = sum(real_flops(pretraining, batch, units=[u, *always]) * u.ratio / total for u in drawn)
+        else:
+            cls = TASKS.get(unit.task)
+            task_cfg = comparison.task_cfg(unit.task, spec)
+            options = {**cls.plan_options(task_cfg), **(task_cfg.get("options") or {})}
+            task = build_task(unit.task, pretraining if cls.from_pretraining else model, **options)
+            expected = real_flops(task, task.example_batch(shapes.batch_size, shapes.text_len, shapes.regions))
+        got = planned[comparison.key(unit)].flops_per_step
+        assert expected > 0 and got == pytest.approx(expected, rel=0.01), comparison.key(unit)
+
+
+def test_the_plan_counts_the_shapes_it_is_given(smoke_plan):
+    """More tokens, regions and examples per step cost more; hours are FLOPs / (peak x MFU)."""
+    comparison, plan = smoke_plan
+    settings = plan_settings({"plan": {"regions": 7, "text_len": 22, "device": "a100", "mfu": 0.5}})
+    longer = make_plan(comparison, settings)
+    key = "uniter/seed0/pretrain"
+    assert longer.by_key()[key].flops_per_step > 1.5 * plan.by_key()[key].flops_per_step
+    row = longer.by_key()[key]
+    assert row.hours == pytest.approx(row.flops / (DEVICES["a100"].peaks["fp32"] * 1e12 * 0.5) / 3600)
+    assert longer.mfu_source == "compare.plan.mfu"
+
+
+def test_plan_settings_are_checked_naming_the_key():
+    for plan, key in (({"device": "tpu"}, "compare.plan.device"), ({"mfu": 1.5}, "compare.plan.mfu"),
+                      ({"text_len": {"vqa": 0}}, "compare.plan.text_len.vqa"), ({"regionz": 3}, "regionz"),
+                      ({"precision": "int8"}, "compare.plan.precision")):
+        with pytest.raises((KeyError, ValueError), match=key):
+            plan_settings({"plan": plan})
+    with pytest.raises(ValueError, match="no bf16 peak"):
+        DEVICES["v100"].peak("bf16")
+
+
+def test_dry_run_prints_flops_steps_and_gpu_hours_per_unit_without_data(capsys, tmp_path, monkeypatch):
+    """The base-size plan on 8 GPUs reads no data (no feature store is extracted in an empty cache) and prints
+    every unit's FLOPs per step, steps and GPU-hours, the total and the wall per executor."""
+    from vlkit.train import pipeline
+
+    monkeypatch.setattr(pipeline, "shapes_feature_store", lambda *a, **k: pytest.fail("the plan extracted features"))
+    start = time.perf_counter()
+    assert main(["compare", "compare=base", "dry_run=true", "compare.gpus_per_unit=8", "compare.plan.device=h100",
+                 "compare.seeds=[0]", "compare.tasks=[vqa]", f"cache_dir={tmp_path}", "progress=false"]) == 0
+    wall = time.perf_counter() - start
+    out = capsys.readouterr().out
+    assert not any(tmp_path.iterdir())
+    rows = [line for line in out.splitlines() if line.startswith("| uniter/seed0/pretrain |")]
+    assert len(rows) == 1
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    steps, gflop, gpu_hours = int(cells[2].replace(",", "")), float(cells[3].replace(",", "")), float(cells[5].replace(",", ""))
+    assert steps == 100_000 and gflop > 5e3 and gpu_hours > 0.1
+    assert math.isclose(gpu_hours, gflop * 1e9 * steps / (989.4e12 * 0.38) / 3600, rel_tol=0.01)
+    assert "Device: h100, dense peak bf16 989.4 TFLOPS; MFU 38.0%" in out and "GPU-hours" in out and "Total: " in out
+    for name in ("local", "slurm", "ray"):
+        assert f"executor {name}:" in out
+    print(f"base plan in {wall:.1f} s")

@@ -1,0 +1,102 @@
+"""Issue 42: seeds until decided. ``compare.until=decided`` runs seeds in rounds and adds seeds only to the runs that
+undecided claims read, stopping when every claim is decided or ``max_seeds`` is reached; the report gives each
+claim's look, and what the seeds it still needs would cost; a resumed comparison replays the same looks."""
+import json
+
+import pytest
+
+import vlkit.compare as compare_module
+from vlkit.cli import compose, main
+from vlkit.compare import Comparison, next_look, replay_looks, resolve_config
+
+RUNS = ("[{name: a, model: {name: meter, preset: tiny}, objectives: meter}, "
+        "{name: b, model: {name: meter, preset: tiny}, objectives: meter, baseline: false}, "
+        "{name: c, model: {name: meter, preset: tiny, fusion: merged}, objectives: meter, baseline: false}, "
+        "{name: d, model: {name: meter, preset: tiny}, objectives: meter, baseline: false}]")
+CLAIMS = ("[{claim: a beats b, a: a, b: b, metric: vqa, expect: higher, paper_effect: 1.0}, "
+          "{claim: c beats d, a: c, b: d, metric: vqa, expect: higher}]")
+SETTINGS = ["compare=smoke", "compare.seeds=[0,1,2]", f"compare.runs={RUNS}", f"+compare.claims={CLAIMS}",
+            "compare.until=decided", "compare.max_seeds=5", "compare.round_seeds=1"]
+
+
+def comparison(extra=()):
+    return Comparison(resolve_config(compose("compare", [*SETTINGS, *extra])), ".", progress=False)
+
+
+def fake_records(values):
+    """Records of runs a-d whose vqa per seed is ``values[run][seed]``."""
+    return [{"run": run, "variant": "pretrained", "seed": seed, "vqa": v}
+            for run, per_seed in values.items() for seed, v in enumerate(per_seed)]
+
+
+def test_seeds_are_added_only_to_the_runs_of_undecided_claims(monkeypatch):
+    """Claim 1's differences are large and steady: decided at the first look, its runs keep 3 seeds; claim 2's are
+    noise: its runs get a 4th seed, then a 5th, and the looks end at max_seeds."""
+    comp = comparison()
+    decided = {"a": [0.9, 0.91, 0.89, 0.9, 0.9], "b": [0.1, 0.1, 0.1, 0.1, 0.1]}
+    noise = {"c": [0.5, 0.52, 0.47, 0.51, 0.49], "d": [0.5, 0.49, 0.52, 0.5, 0.48]}
+
+    def finished(c):  # the first n seeds of each run have results
+        return [r for r in fake_records({**decided, **noise}) if r["seed"] < len(c.seeds_of(
+            [s.name for s in c.specs].index(r["run"])))]
+
+    monkeypatch.setattr(compare_module, "finished_records", finished)
+    assert next_look(comp)
+    assert [len(comp.seeds_of(i)) for i in range(4)] == [3, 3, 4, 4]
+    assert comp.all_seeds() == [0, 1, 2, 3]
+    keys = {comp.key(u) for u in comp.all_units()}
+    assert "c/seed3/pretrain" in keys and "a/seed3/pretrain" not in keys
+    assert comp.unit_of("d/seed3/pretrained-vqa").seed == 3
+    with pytest.raises(KeyError, match="not a unit"):
+        comp.unit_of("d/seed9/pretrain")  # beyond max_seeds
+    assert next_look(comp) and [len(comp.seeds_of(i)) for i in range(4)] == [3, 3, 5, 5]
+    assert not next_look(comp)  # the last look: every claim decided or inconclusive
+    fresh = comparison()
+    replay_looks(fresh)  # a comparison read back from its folder reaches the same look
+    assert fresh.run_seeds == comp.run_seeds
+
+
+def test_a_look_waits_for_every_result_of_the_current_one(monkeypatch):
+    comp = comparison()
+    monkeypatch.setattr(compare_module, "finished_records",
+                        lambda c: fake_records({"a": [0.9, 0.9], "b": [0.1, 0.2], "c": [0.5] * 3, "d": [0.4] * 3}))
+    assert not next_look(comp) and comp.run_seeds == {}
+
+
+def test_until_keys_are_checked_before_any_work(tmp_path):
+    for extra, message in ((["compare.until=forever"], "compare.until='forever'"),
+                           (["compare.max_seeds=2"], "below the 3 compare.seeds"),
+                           (["compare.round_seeds=0"], "compare.round_seeds=0"),
+                           (["compare.max_seeds=null"], "compare.max_seeds=None")):
+        with pytest.raises(ValueError, match=message):
+            compare_module.look_sizes_of(comparison(extra).compare)
+    with pytest.raises(ValueError, match="compare.until='forever'"):
+        main(["compare", *SETTINGS, "compare.until=forever", f"output_dir={tmp_path / 'out'}"])
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_comparison_until_decided_runs_rounds_and_reports_each_claims_look(tmp_path):
+    """The real thing at smoke size: no claim can be decided on 3 steps of training, so the runs of both claims
+    get seeds 3 and 4; the report states each claim's look and what 80% power would take; a rerun with
+    resume=true replays the looks and runs nothing."""
+    out = tmp_path / "out"
+    common = [*SETTINGS, "compare.tasks=[vqa]", "data.num_images=16", "data.val_images=8", "compare.itm_pairs=8",
+              "compare.zero_shot=false", "workers=2", "threads=1", "progress=false", f"cache_dir={tmp_path / 'cache'}",
+              f"output_dir={out}"]
+    assert main(["compare", *common]) == 0
+    result = json.loads((out / "results.json").read_text())
+    seeds = {(r["run"], r["variant"]): sorted({x["seed"] for x in result["records"] if x["run"] == r["run"]
+                                               and x["variant"] == r["variant"]}) for r in result["records"]}
+    assert seeds[("a", "pretrained")] == [0, 1, 2, 3, 4] and seeds[("d", "pretrained")] == [0, 1, 2, 3, 4]
+    assert result["looks"] == [3, 4, 5]
+    assert [c["verdict"] for c in result["claims"]] == ["inconclusive"] * 2  # a and b are the same run: no spread
+    assert all(c["sequential"]["look"] >= 1 for c in result["claims"])
+    need = result["seeds_needed"]
+    assert need[0]["paper_effect"] == pytest.approx(0.01) and need[0]["hours_per_seed"] > 0
+    assert result["plan"]["device"] == "cpu"
+    text = (out / "results.md").read_text()
+    assert "group-sequential rule at looks after [3, 4, 5] seeds" in text and "### Seeds a claim needs" in text
+    before = sorted(p.stat().st_mtime_ns for p in out.glob("runs/*/*/*/unit.json"))
+    assert main(["compare", *common, "resume=true"]) == 0
+    assert sorted(p.stat().st_mtime_ns for p in out.glob("runs/*/*/*/unit.json")) == before

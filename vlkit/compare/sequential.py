@@ -1,0 +1,247 @@
+"""Seeds until decided: a group-sequential rule that adds seeds to a comparison until each claim is decided,
+keeping the family-wise error over the claims at ``alpha`` (pure numpy / scipy).
+
+* Looks after ``n_1 < n_2 < ... < n_K`` seeds (`look_sizes`), information fraction ``t_k = n_k / n_K``.
+* Per claim, a two-sided group-sequential test with Lan-DeMets O'Brien-Fleming-type alpha spending
+  ``alpha(t) = 2 - 2 Phi(z_{1-a/2} / sqrt(t))`` (spends exactly ``a``, two-sided, at ``t = 1``; Lan & DeMets
+  1983, Biometrika 70:659-663; O'Brien & Fleming 1979, Biometrics 35:549-556). The z-boundaries follow from
+  the joint law of the z statistics (normal, ``corr = sqrt(t_j / t_k)``), computed by numerical integration
+  (Armitage, McPherson & Rowe 1969; `nominal_levels`). The paired t-test at 2-5 degrees of freedom is not
+  normal: applying those levels to its p-value (Jennison & Turnbull 2000, ch. 11, "significance level approach")
+  spends 5.6% over 11 null claims at looks 3, 4, 5, 6 (benchmarks/sequential_claims.py). The rule therefore uses
+  exact t boundaries (Jennison & Turnbull 1991, Biometrika 78:133-141; `t_levels`): each look's boundary on |t|
+  spends what the spending function allots under the t statistics' own joint null law (a seeded Monte Carlo).
+* Across claims, the graphical Holm procedure for group-sequential designs (Maurer & Bretz 2013, Statistics in
+  Biopharmaceutical Research 5(4):311-320): each claim starts at local level ``alpha / m``; at each look every
+  undecided claim whose p is at most its nominal level (at its local level) is decided, its local level is
+  split equally among the claims still undecided, and those are retested at the same look until none is
+  decided (`sequential_claims`). With one look this is Holm's procedure (Holm 1979, Scand J Stat 6:65-70).
+* "Seeds needed": the power of the two-sided paired t-test from the noncentral t (`paired_power`,
+  `seeds_for_power`).
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any, Sequence
+
+import numpy as np
+from scipy import optimize, special, stats
+
+
+def look_sizes(initial: int, max_seeds: int, round_seeds: int) -> list[int]:
+    """Seeds at each look: ``initial``, then ``round_seeds`` more a look, the last clipped to ``max_seeds``
+    (3, 6, 1 -> [3, 4, 5, 6]; 3, 6, 2 -> [3, 5, 6]; ``initial >= max_seeds`` -> [max_seeds])."""
+    if initial < 2:
+        raise ValueError(f"initial seeds must be at least 2 (a paired t-test needs 2 differences), not {initial}")
+    if max_seeds < 2:
+        raise ValueError(f"max_seeds must be at least 2, not {max_seeds}")
+    if round_seeds < 1:
+        raise ValueError(f"round_seeds (seeds added per look) must be at least 1, not {round_seeds}")
+    if initial >= max_seeds:
+        return [max_seeds]
+    return [*range(initial, max_seeds, round_seeds), max_seeds]
+
+
+def spending(t: float, alpha: float) -> float:
+    """Lan-DeMets O'Brien-Fleming-type spending function: the two-sided error spent by information ``t``."""
+    return float(2.0 - 2.0 * special.ndtr(special.ndtri(1 - alpha / 2) / math.sqrt(t))) if t > 0 else 0.0
+
+
+@lru_cache(maxsize=1024)
+def _boundaries(fractions: tuple[float, ...], alpha: float) -> tuple[float, ...]:
+    """Two-sided z-boundaries ``c_k``: P(|Z_j| < c_j for j < k, |Z_k| >= c_k) = alpha(t_k) - alpha(t_{k-1}),
+    by recursive integration of the continuation density on a Simpson grid."""
+    t = np.asarray(fractions)
+    spent = np.array([spending(x, alpha) for x in t])
+    gaps = np.diff(t) / t[1:]  # 1 - t_{k-1}/t_k: the variance of Z_k given Z_{k-1}
+    h = min(0.02, float(np.sqrt(gaps.min())) / 10) if len(t) > 1 else 0.02
+
+    def grid(c: float) -> tuple[np.ndarray, np.ndarray]:
+        c = min(c, 12.0)  # beyond: no mass worth integrating
+        n = 2 * int(math.ceil(c / h)) + 1
+        z = np.linspace(-c, c, n)
+        w = np.ones(n)
+        w[1:-1:2], w[2:-1:2] = 4, 2
+        return z, w * (z[1] - z[0]) / 3
+
+    bounds = [float(stats.norm.isf(spent[0] / 2)) if spent[0] > 0 else math.inf]
+    z, w = grid(bounds[0])
+    mass = w * stats.norm.pdf(z)  # continuation density x quadrature weights
+    for k in range(1, len(t)):
+        r = t[k - 1] / t[k]
+        mu, s = z * math.sqrt(r), math.sqrt(1 - r)
+        target = spent[k] - spent[k - 1]
+
+        def crossing(c: float) -> float:
+            return float(mass @ (stats.norm.cdf((-c - mu) / s) + stats.norm.cdf((mu - c) / s))) - target
+
+        c = math.inf if target <= 1e-15 else float(optimize.brentq(crossing, 0.0, 40.0, xtol=1e-10))
+        bounds.append(c)
+        z, w = grid(c)
+        mass = w * (stats.norm.pdf((z[:, None] - mu[None]) / s) / s @ mass)
+    return tuple(bounds)
+
+
+def nominal_levels(fractions: Sequence[float], alpha: float) -> list[float]:
+    """The two-sided nominal significance level of each look, ``2 (1 - Phi(c_k))``, for the spending
+    function at total ``alpha`` and information fractions ``0 < t_1 < ... < t_K <= 1`` (cached)."""
+    key = tuple(round(float(f), 12) for f in fractions)
+    if not key or key[0] <= 0 or key[-1] > 1 or any(b <= a for a, b in zip(key, key[1:])):
+        raise ValueError(f"information fractions must increase within (0, 1], not {list(fractions)}")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), not {alpha}")
+    return list(_levels(key, round(float(alpha), 15)))
+
+
+@lru_cache(maxsize=4096)
+def _levels(fractions: tuple[float, ...], alpha: float) -> tuple[float, ...]:
+    return tuple(2.0 * float(special.ndtr(-c)) for c in _boundaries(fractions, alpha))
+
+
+T_PATHS = 2 ** 20  # null sequences of the Monte Carlo that places the t boundaries (`t_levels`)
+T_SEED = 20261205  # its fixed seed: the boundaries, and so every decision, are the same on every run
+
+
+@lru_cache(maxsize=8)
+def _null_t(sizes: tuple[int, ...]) -> np.ndarray:
+    """|t| of the one-sample t-test after each look's seeds, over `T_PATHS` sequences of standard normal
+    differences (the null; t does not depend on the SD): [paths, looks]."""
+    d = np.random.default_rng(T_SEED).standard_normal((T_PATHS, sizes[-1]))
+    idx = np.array(sizes) - 1
+    n = np.array(sizes, dtype=float)
+    mean = np.cumsum(d, 1)[:, idx] / n
+    var = (np.cumsum(d * d, 1)[:, idx] - n * mean * mean) / (n - 1)
+    return np.abs(mean) / np.sqrt(var / n)
+
+
+def t_levels(sizes: Sequence[int], alpha: float) -> list[float]:
+    """The two-sided nominal level of the paired t-test at each look after ``sizes`` seeds, from exact t
+    boundaries (Jennison & Turnbull 1991, Biometrika 78:133-141): the boundary on |t| at look k is placed so that
+    the null's chance of first crossing there is what the spending function (`spending`, information
+    ``n_k / n_K``) allots to it, the joint law of the t statistics taken from a seeded Monte Carlo of `T_PATHS`
+    null sequences. Normal levels (`nominal_levels`) applied to t at 2-5 degrees of freedom spend more than
+    ``alpha`` (benchmarks/sequential_claims.py)."""
+    key = tuple(int(s) for s in sizes)
+    if not key or key[0] < 2 or any(b <= a for a, b in zip(key, key[1:])):
+        raise ValueError(f"look sizes must increase from at least 2 seeds, not {list(sizes)}")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), not {alpha}")
+    return [float(alpha)] if len(key) == 1 else list(_t_levels(key, round(float(alpha), 15)))
+
+
+@lru_cache(maxsize=4096)
+def _t_levels(sizes: tuple[int, ...], alpha: float) -> tuple[float, ...]:
+    t = _null_t(sizes)
+    alive = np.ones(len(t), dtype=bool)
+    crossed, levels = 0, []
+    for k, n in enumerate(sizes):
+        due = int(round(spending(n / sizes[-1], alpha) * len(t))) - crossed  # paths this look may reject
+        if due < 1:
+            levels.append(0.0)
+            continue
+        values = t[alive, k]
+        c = float(np.partition(values, len(values) - due)[len(values) - due])  # the due-th largest |t|
+        hit = alive & (t[:, k] >= c)
+        crossed += int(hit.sum())
+        alive &= ~hit
+        levels.append(float(2.0 * special.stdtr(n - 1, -c)))
+    return tuple(levels)
+
+
+def p_value(d: Sequence[float]) -> float:
+    """Two-sided one-sample t-test of the differences ``d`` against 0 (= `statistics.paired_p_value`): NaN
+    with fewer than 2 differences or none with spread, rounding aside."""
+    d = [float(x) for x in d]
+    n = len(d)
+    if n < 2 or all(math.isclose(x, d[0], rel_tol=1e-9, abs_tol=1e-12) for x in d):
+        return math.nan
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    return float(2.0 * special.stdtr(n - 1, -abs(mean) / sd * math.sqrt(n)))
+
+
+def _entry(state: str, look: int, n: int, p: float, level: float, alpha: float, d: Sequence[float]) -> dict[str, Any]:
+    effect = float(np.mean(d[:n])) if n else math.nan
+    direction = int(np.sign(effect)) if state == "decided" else 0
+    return {"state": state, "look": look, "n": n, "p": p, "level": level, "alpha": alpha, "effect": effect,
+            "direction": direction}
+
+
+def sequential_claims(diffs: Sequence[Sequence[float]], sizes: Sequence[int], alpha: float = 0.05
+                      ) -> list[dict[str, Any]]:
+    """Replay the looks ``sizes`` over each claim's paired differences ``a - b`` (seed order), with the graphical
+    Holm procedure over the claims. Per claim: ``state`` ``decided`` (rejected at ``look``, frozen there),
+    ``inconclusive`` (tested at the last look, not decided) or ``running`` (a look waits for seeds: it is
+    processed only when every undecided claim has ``sizes[k]`` differences); ``look`` (1-based; 0: none),
+    ``n``, ``p`` (two-sided paired t-test on the first ``n``; NaN: untestable, never decided), ``level``
+    (nominal level compared with), ``alpha`` (local level then), ``effect`` (mean of the first ``n``) and
+    ``direction`` (the decision's sign; 0 when undecided)."""
+    sizes = [int(s) for s in sizes]
+    if not sizes or sizes[0] < 2 or any(b <= a for a, b in zip(sizes, sizes[1:])):
+        raise ValueError(f"look sizes must increase from at least 2 seeds, not {sizes}")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), not {alpha}")
+    m = len(diffs)
+    if not m:
+        return []
+    local = [alpha / m] * m
+    out = [_entry("running", 0, 0, math.nan, math.nan, a, d) for a, d in zip(local, diffs)]
+    for k, size in enumerate(sizes):
+        open_ = [i for i in range(m) if out[i]["state"] != "decided"]
+        if not open_ or any(len(diffs[i]) < size for i in open_):
+            return out  # all decided, or waiting for seeds: undecided claims stay running
+        p = {i: p_value(diffs[i][:size]) for i in open_}
+        while True:
+            levels = {i: t_levels(sizes, local[i])[k] for i in open_}
+            hits = [i for i in open_ if p[i] <= levels[i]]
+            if not hits:
+                break
+            for i in hits:
+                out[i] = _entry("decided", k + 1, size, p[i], levels[i], local[i], diffs[i])
+            open_ = [i for i in open_ if i not in hits]
+            if not open_:
+                break
+            share = sum(local[i] for i in hits) / len(open_)
+            for i in open_:
+                local[i] += share
+        state = "inconclusive" if k == len(sizes) - 1 else "running"
+        for i in open_:
+            out[i] = _entry(state, k + 1, size, p[i], levels[i], local[i], diffs[i])
+    return out
+
+
+def paired_power(effect: float, sd: float, n: int, alpha: float) -> float:
+    """Power of the two-sided paired t-test at level ``alpha`` over ``n`` seeds when the differences have mean
+    ``effect`` and SD ``sd`` (noncentral t, noncentrality ``effect sqrt(n) / sd``); NaN below 2 seeds."""
+    if n < 2 or not (math.isfinite(effect) and math.isfinite(sd)) or sd < 0:
+        return math.nan
+    if sd == 0:
+        return 1.0 if effect != 0 else math.nan
+    df, nc = n - 1, abs(effect) * math.sqrt(n) / sd
+    crit = stats.t.isf(alpha / 2, df)
+    wrong_tail = float(stats.nct.cdf(-crit, df, nc))  # scipy gives NaN where it is below ~1e-13
+    return float(stats.nct.sf(crit, df, nc)) + (wrong_tail if math.isfinite(wrong_tail) else 0.0)
+
+
+def seeds_for_power(effect: float, sd: float, alpha: float, power: float = 0.8, max_n: int = 1000) -> int | None:
+    """The fewest seeds (>= 2) whose paired t-test reaches ``power`` (`paired_power`), by doubling then
+    bisection; None when ``effect`` is 0 or NaN, ``sd`` NaN, or more than ``max_n`` seeds would be needed."""
+    if not (math.isfinite(effect) and math.isfinite(sd)) or effect == 0 or sd < 0:
+        return None
+    if sd == 0:
+        return 2
+    enough = lambda n: paired_power(effect, sd, n, alpha) >= power  # noqa: E731
+    low, high = 1, 2  # enough(low) is False (1 seed: no test)
+    while not enough(high):
+        if high >= max_n:
+            return None
+        low, high = high, min(2 * high, max_n)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if enough(mid) else (mid, high)
+    return high
+
+
+__all__ = ["look_sizes", "nominal_levels", "p_value", "paired_power", "seeds_for_power", "sequential_claims",
+           "spending", "t_levels"]
