@@ -4,6 +4,7 @@ regenerated.
     python scripts/readme_tables.py default             # runs `vlkit compare` (cold cache), then updates its page
     python scripts/readme_tables.py claims              # the same for compare=claims, and its verdicts in README.md
     python scripts/readme_tables.py default --from outputs/readme/default   # reuse a finished run's results
+    python scripts/readme_tables.py claims compare.until=decided compare.max_seeds=6 --from D --wall 4200
     python scripts/readme_tables.py plans               # the FLOP plans: docs/cluster.md, docs/compare-plans.md, README
 
 Each comparison's block lies on its own page, ``docs/compare-<NAME>.md``, between ``<!-- BEGIN compare:NAME -->``
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -34,10 +34,10 @@ def page(name: str) -> Path:
     return DOCS / f"compare-{name}.md"
 
 
-def run_comparison(name: str, output: Path, cache_dir: Path | None) -> float:
-    """``vlkit compare compare=NAME`` into ``output``; the wall time of the whole command."""
+def run_comparison(name: str, output: Path, cache_dir: Path | None, extra: list[str]) -> float:
+    """``vlkit compare compare=NAME EXTRA`` into ``output``; the wall time of the whole command."""
     cache = cache_dir or Path(tempfile.mkdtemp(prefix="vlkit-readme-cache-"))  # cold: extraction included
-    command = [sys.executable, "-m", "vlkit.cli", "compare", f"compare={name}", f"output_dir={output}",
+    command = [sys.executable, "-m", "vlkit.cli", "compare", f"compare={name}", *extra, f"output_dir={output}",
                f"cache_dir={cache}"]
     start = time.perf_counter()
     subprocess.run(command, check=True, cwd=ROOT)
@@ -53,7 +53,11 @@ def provenance(name: str, manifest: dict) -> tuple[str, str]:
     return f"commit `{(manifest.get('git_commit') or 'unknown')[:12]}`", f"written by `python scripts/readme_tables.py {name}`"
 
 
-def block(name: str, output: Path, wall: float | None) -> str:
+def shown(name: str, extra: list[str] = ()) -> str:
+    return " ".join(["vlkit compare", f"compare={name}", *extra])
+
+
+def block(name: str, output: Path, wall: float | None, extra: list[str] = ()) -> str:
     manifest = json.loads((output / "manifest.json").read_text())
     report = (output / "results.md").read_text().split("\n", 2)[2].strip()  # without the title line
     report = re.sub(r"^#+ ", "## ", report, flags=re.M)  # sections of the page
@@ -62,11 +66,11 @@ def block(name: str, output: Path, wall: float | None) -> str:
     figure = f"compare_{name}_metrics.png"  # beside the page
     commit, written = provenance(name, manifest)
     return "\n".join([
-        f"`vlkit compare compare={name}`: {wall_text}, {commit}, torch {manifest['packages'].get('torch')}, {written}.", "",
+        f"`{shown(name, extra)}`: {wall_text}, {commit}, torch {manifest['packages'].get('torch')}, {written}.", "",
         report, "", f"![{name} metrics]({figure})"])
 
 
-def verdicts(name: str, output: Path, wall: float | None) -> str | None:
+def verdicts(name: str, output: Path, wall: float | None, extra: list[str] = ()) -> str | None:
     """README.md's summary of a comparison's claims (None when it tests none): each claim's verdict with its
     effect and Holm p, the counts, and where the run came from."""
     from vlkit.compare.report import claims_table
@@ -78,11 +82,15 @@ def verdicts(name: str, output: Path, wall: float | None) -> str | None:
     detectable = ", ".join(f"{metric} {100 * result['detectable_effects'][metric]['mde']:.1f}"
                            for metric in sorted({c["metric"] for c in claims}) if metric in result["detectable_effects"])
     manifest = json.loads((output / "manifest.json").read_text())
-    counts = {v: sum(c["verdict"] == v for c in claims) for v in ("reproduced", "contradicted", "inconclusive")}
+    counts = {v: sum(c["verdict"] == v for c in claims) for v in ("reproduced", "contradicted", "inconclusive",
+                                                                   "running") if v != "running" or
+              any(c["verdict"] == v for c in claims)}
+    seeds = f"seeds until decided at looks after {result['looks']} seeds" if result.get("looks") else \
+        f"{len(manifest['seeds'])} seeds"
     wall_text = f"{wall:,.0f} s wall" if wall is not None else f"{manifest['wall_s']:,.0f} s of comparison"
     commit, written = provenance(name, manifest)
     return "\n".join([
-        f"`vlkit compare compare={name}` ({len(manifest['seeds'])} seeds, {wall_text}, {commit}, {written}): "
+        f"`{shown(name, extra)}` ({seeds}, {wall_text}, {commit}, {written}): "
         + ", ".join(f"{n} {v}" for v, n in counts.items()) + f". Minimum detectable effect (points): {detectable}.", "",
         claims_table(claims)])
 
@@ -202,18 +210,22 @@ def main() -> None:
     parser.add_argument("--from", dest="source", type=Path, help="a finished comparison's output_dir to reuse")
     parser.add_argument("--output", type=Path, help="where to run the comparison (default: outputs/readme/NAME)")
     parser.add_argument("--cache-dir", type=Path, help="a feature cache to reuse (default: a cold, temporary one)")
+    parser.add_argument("--wall", type=float, help="with --from: the wall seconds of the commands that made it (a "
+                        "resumed comparison: the sum of its sessions, measured outside)")
+    parser.add_argument("extra", nargs="*", help="overrides of the comparison (e.g. compare.until=decided), shown in "
+                        "the command")
     args = parser.parse_args()
     if args.name == "plans":
         return plans(args.cache_dir)
     if args.source:
-        output, wall = args.source, None
+        output, wall = args.source, args.wall
     else:
         output = args.output or ROOT / "outputs" / "readme" / args.name
         if output.exists():
             raise SystemExit(f"{output} exists: pass --from {output} to reuse it, or remove it")
-        wall = run_comparison(args.name, output, args.cache_dir)
-    update_page(args.name, block(args.name, output, wall))
-    summary = verdicts(args.name, output, wall)
+        wall = run_comparison(args.name, output, args.cache_dir, args.extra)
+    update_page(args.name, block(args.name, output, wall, args.extra))
+    summary = verdicts(args.name, output, wall, args.extra)
     if summary is not None:
         update_block(ROOT / "README.md", f"verdicts:{args.name}", summary)
     shutil.copyfile(output / "metrics.png", DOCS / f"compare_{args.name}_metrics.png")

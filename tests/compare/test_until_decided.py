@@ -100,3 +100,17 @@ def test_a_comparison_until_decided_runs_rounds_and_reports_each_claims_look(tmp
     before = sorted(p.stat().st_mtime_ns for p in out.glob("runs/*/*/*/unit.json"))
     assert main(["compare", *common, "resume=true"]) == 0
     assert sorted(p.stat().st_mtime_ns for p in out.glob("runs/*/*/*/unit.json")) == before
+
+
+def test_a_resume_that_changes_a_safe_key_records_it_in_the_plan(tmp_path):
+    """A finished fixed comparison goes on until decided: the resume-safe keys it changes (and the command) are
+    written to plan.json, which its workers and later reports read; any other change is still refused."""
+    fixed = resolve_config(compose("compare", SETTINGS[:4]))
+    compare_module._plan(fixed, tmp_path, ["compare=smoke"], resume=False)
+    decided = resolve_config(compose("compare", SETTINGS))
+    compare_module._plan(decided, tmp_path, ["compare.until=decided"], resume=True)
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["config"]["compare"]["until"] == "decided" and plan["argv"] == ["compare.until=decided"]
+    changed = resolve_config(compose("compare", [*SETTINGS, "compare.budget.pretrain_steps=5"]))
+    with pytest.raises(ValueError, match="compare.budget.pretrain_steps"):
+        compare_module._plan(changed, tmp_path, [], resume=True)

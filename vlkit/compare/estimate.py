@@ -138,7 +138,7 @@ def flops_plan(comparison: Any, settings: Any, plan_cfg: dict[str, Any]) -> str:
                      _figure(row.flops / 1e15), _figure(row.hours), f"{row.devices}", _figure(row.wall_hours)])
     device = plan.device
     kind = "GPU" if device.name != "cpu" else "CPU"
-    peaks = ", ".join(f"{p} {device.peaks[p]:,.1f}" for p in dict.fromkeys(r.precision for r in plan.units))
+    peaks = ", ".join(f"{p} {_figure(device.peaks[p])}" for p in dict.fromkeys(r.precision for r in plan.units))
     shapes = sorted({(r.shapes.batch_size, r.shapes.text_len, r.shapes.regions) for r in plan.units})
     out = [f"vlkit compare dry run: {len(units)} units ({sum(u.is_pretrain for u in units)} pre-trainings) of "
            f"{len(comparison.specs)} run(s) x {len(comparison.compare['seeds'])} seed(s); nothing is run.", "",

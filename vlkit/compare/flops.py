@@ -229,11 +229,12 @@ def plan_sizes(cls: Any, overrides: Mapping[str, Any], data: Mapping[str, Any], 
 
     name = str(data.get("tokenizer") or tokenizers.family_tokenizer(cls, config))
     local = name == tokenizers.SHAPES or tokenizers._looks_like_path(name) or tokenizers._cached(name)
-    vocab = tokenizers.build_tokenizer(name) if local else range(getattr(config, "vocab_size", 0))
-    store = None
-    if cls.image_input == "regions":
-        store = _store_header(data)
-    return data_sizes(cls, overrides, vocab, SimpleNamespace(store=store))
+    vocab = tokenizers.build_tokenizer(name) if local else ()
+    store = _store_header(data) if cls.image_input == "regions" else None
+    sizes = data_sizes(cls, overrides, vocab, SimpleNamespace(store=store))
+    if not local:  # the preset keeps its own vocabulary
+        sizes.pop(cls.data_fields(overrides).get("vocab_size"), None)
+    return sizes
 
 
 def _store_header(data: Mapping[str, Any]) -> Any:
