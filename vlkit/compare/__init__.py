@@ -18,8 +18,9 @@ result in its own folder the moment it ends (`units`), wherever it ran (`executo
 SLURM through submitit, Ray); the report is always rebuilt from those folders (`report_from_folder`).
 
 Modules: `config` (runs, task configs), `units` (units and their state on disk), `scheduling` (the work of
-each unit), `worker` (a unit in its process), `executors` (where units run), `estimate` (dry run),
-`statistics`, `report` and `plots` (outputs), `manifest` (what reruns a comparison).
+each unit), `worker` (a unit in its process), `executors` (where units run), `estimate` (dry run), `plan`,
+`flops` and `devices` (its FLOP plan), `statistics`, `claims` and `sequential` (tests, verdicts, seeds until
+decided), `report` and `plots` (outputs), `manifest` (what reruns a comparison).
 """
 from __future__ import annotations
 
@@ -301,5 +302,6 @@ def report_main(cfg: Any) -> int:
     return 0
 
 
-__all__ = ["Comparison", "HEADLINE", "RunSpec", "digest", "main", "mean_ci", "objective_mix", "paired_p_value",
-           "report_from_folder", "report_main", "resolve_config", "run_specs", "summarize", "task_cfg", "unit_states"]
+__all__ = ["Comparison", "HEADLINE", "RunSpec", "digest", "finished_records", "look_sizes_of", "main", "mean_ci",
+           "next_look", "objective_mix", "paired_p_value", "replay_looks", "report_from_folder", "report_main",
+           "resolve_config", "run_specs", "summarize", "task_cfg", "unit_states"]
