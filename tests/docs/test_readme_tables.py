@@ -37,7 +37,7 @@ def test_verdicts_list_every_claim_with_its_counts_and_detectable_effects(tmp_pa
 def test_the_readme_holds_the_claims_verdicts_block():
     readme = (REPOSITORY / "README.md").read_text(encoding="utf-8")
     block = readme.split("<!-- BEGIN verdicts:claims -->", 1)[1].split("<!-- END verdicts:claims -->", 1)[0]
-    assert "`vlkit compare compare=claims`" in block and "| claim | compared | metric |" in block
+    assert "`vlkit compare compare=claims" in block and "| claim | compared | metric |" in block
     rows = [line for line in block.splitlines() if line.startswith("| ") and "**" in line]
     from vlkit.cli import compose
 
