@@ -179,9 +179,15 @@ def _run_look(comparison: Comparison, executor: Any, settings: Any, stop: thread
                  lambda key, state, note: _ended(progress, comparison, keys[key], state, note, hashes[key]), stop)
 
 
+def finished_results(comparison: Comparison, states: list | None = None) -> dict[Any, dict[str, Any]]:
+    """Unit -> result of every finished unit (``states``: `unit_states`, read here when not given)."""
+    states = unit_states(comparison) if states is None else states
+    return {u: s["result"] for u, (_, st, s) in zip(comparison.all_units(), states) if st == "finished"}
+
+
 def finished_records(comparison: Comparison) -> list[dict[str, Any]]:
     """The records of the comparison's finished units (`Comparison.collect`)."""
-    done = {u: s["result"] for u, (_, st, s) in zip(comparison.all_units(), unit_states(comparison)) if st == "finished"}
+    done = finished_results(comparison)
     return comparison.collect(done)[0] if done else []
 
 
@@ -250,7 +256,7 @@ def report_from_folder(comparison: Comparison, wall: float | None = None) -> str
     cfg, output_dir = comparison.cfg, comparison.output_dir
     replay_looks(comparison)
     states = unit_states(comparison)
-    done = {u: s["result"] for u, (_, st, s) in zip(comparison.all_units(), states) if st == "finished"}
+    done = finished_results(comparison, states)
     counts: dict[str, int] = {}
     for _, st, _ in states:
         counts[st] = counts.get(st, 0) + 1

@@ -126,12 +126,12 @@ def flops_plan(comparison: Any, settings: Any, plan_cfg: dict[str, Any]) -> str:
     from vlkit.compare.plan import make_plan
     from vlkit.compare.report import markdown_table
 
-    units = comparison.all_units()
     nodes = int(settings.slurm.get("nodes") or 1)
     plan = make_plan(comparison, plan_cfg, settings.gpus_per_unit, settings.threads, nodes)
+    units = [row.unit for row in plan.units]
     rows, depends, durations = [], {}, {}
-    for unit, row in zip(units, plan.units):
-        parent = unit.depends_on()
+    for row in plan.units:
+        parent = row.unit.depends_on()
         depends[row.key] = comparison.key(parent) if parent else None
         durations[row.key] = row.wall_hours * 3600
         rows.append([row.key, depends[row.key] or "–", f"{row.steps:,}", _figure(row.flops_per_step / 1e9),

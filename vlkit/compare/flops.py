@@ -100,7 +100,7 @@ class MetaCompute(TorchDispatchMode):
         elif func is not aten._local_scalar_dense.default:
             try:
                 out = call(lambda t: t if t.is_meta else t.to(META))
-            except (NotImplementedError, RuntimeError):
+            except RuntimeError:  # a missing meta kernel raises one too
                 pass  # needs values (a data-dependent shape): run on zeros below
             else:
                 if key is not None:
@@ -228,7 +228,7 @@ def plan_sizes(cls: Any, overrides: Mapping[str, Any], data: Mapping[str, Any], 
     from vlkit.train.pipeline import data_sizes
 
     name = str(data.get("tokenizer") or tokenizers.family_tokenizer(cls, config))
-    local = name == tokenizers.SHAPES or tokenizers._looks_like_path(name) or tokenizers._cached(name)
+    local = tokenizers.on_this_machine(name)
     vocab = tokenizers.build_tokenizer(name) if local else ()
     store = _store_header(data) if cls.image_input == "regions" else None
     sizes = data_sizes(cls, overrides, vocab, SimpleNamespace(store=store))

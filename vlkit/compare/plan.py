@@ -13,12 +13,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from vlkit.compare.devices import DEVICES, TRAINER_PRECISION, Device, cpu_device, gpu_device
+from vlkit.compare.devices import DEVICES, PRECISIONS, TRAINER_PRECISION, Device, cpu_device, gpu_device
 from vlkit.compare.flops import StepShapes
 
 
 @dataclass
 class UnitPlan:
+    unit: Any
     key: str
     steps: int
     flops_per_step: float
@@ -70,8 +71,8 @@ def plan_settings(compare: dict[str, Any]) -> dict[str, Any]:
     mfu = settings["mfu"]
     if mfu is not None and not (isinstance(mfu, (int, float)) and 0 < mfu <= 1):
         raise ValueError(f"compare.plan.mfu={mfu!r}: a fraction in (0, 1], e.g. 0.3")
-    if settings["precision"] is not None and settings["precision"] not in ("fp32", "tf32", "bf16", "fp16"):
-        raise ValueError(f"compare.plan.precision={settings['precision']!r}: fp32, tf32, bf16 or fp16")
+    if settings["precision"] is not None and settings["precision"] not in PRECISIONS:
+        raise ValueError(f"compare.plan.precision={settings['precision']!r}: one of {', '.join(PRECISIONS)}")
     lengths = settings["text_len"] if isinstance(settings["text_len"], dict) else {"": settings["text_len"]}
     for key, value in [*((f"text_len.{k}" if k else "text_len", v) for k, v in lengths.items()),
                        ("regions", settings["regions"])]:
@@ -166,7 +167,7 @@ def make_plan(comparison: Any, settings: dict[str, Any], gpus_per_unit: int = 0,
         trainer = comparison.unit_trainer(unit)
         precision = settings["precision"] or TRAINER_PRECISION.get(str(trainer.get("mixed_precision") or "no"), "fp32")
         devices = max(1, gpus_per_unit) * slurm_nodes if gpus_per_unit else 1
-        rows.append(UnitPlan(comparison.key(unit), comparison.unit_steps(unit), counted[kind], shapes, precision,
+        rows.append(UnitPlan(unit, comparison.key(unit), comparison.unit_steps(unit), counted[kind], shapes, precision,
                              devices))
     device = plan_device(settings, gpus_per_unit, threads, tuple(dict.fromkeys(r.precision for r in rows)))
     mfu = float(settings["mfu"] or device.mfu)
@@ -186,9 +187,9 @@ def seed_costs(comparison: Any) -> dict[str, Any]:
     plan = make_plan(comparison, plan_settings(compare), gpus, unit_threads(comparison.cfg),
                      int((compare.get("slurm") or {}).get("nodes") or 1))
     hours: dict[str, dict[int, float]] = {}
-    for unit, row in zip(comparison.all_units(), plan.units):
-        per_seed = hours.setdefault(comparison.specs[unit.run].name, {})
-        per_seed[unit.seed] = per_seed.get(unit.seed, 0.0) + row.hours
+    for row in plan.units:
+        per_seed = hours.setdefault(comparison.specs[row.unit.run].name, {})
+        per_seed[row.unit.seed] = per_seed.get(row.unit.seed, 0.0) + row.hours
     return {"device": plan.device.name, "mfu": plan.mfu, "mfu_source": plan.mfu_source,
             "seed_hours": {run: sum(v.values()) / len(v) for run, v in hours.items()}}
 

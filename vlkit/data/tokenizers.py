@@ -115,6 +115,11 @@ def _help(name: str, key: str) -> str:
             "machine that reaches the hub)")
 
 
+def on_this_machine(name: str) -> bool:
+    """Whether tokenizer ``name`` loads without the network: ``shapes``, a local folder, or the hub's local cache."""
+    return name == SHAPES or _looks_like_path(name) or _cached(name)
+
+
 def build_tokenizer(name: str | os.PathLike | None, key: str = "data.tokenizer") -> Any:
     """The tokenizer ``name`` names (see the module docstring); every failure is a `TokenizerError` naming ``key``."""
     if name is None:
@@ -157,4 +162,4 @@ def same_vocabulary(a: Any, b: Any) -> bool:
 
 
 __all__ = ["FILES_HELP", "SHAPES", "TOKENIZER_DIR", "TokenizerError", "build_tokenizer", "family_tokenizer",
-           "run_tokenizer", "same_vocabulary", "save_tokenizer"]
+           "on_this_machine", "run_tokenizer", "same_vocabulary", "save_tokenizer"]
