@@ -6,6 +6,8 @@ regenerated.
     python scripts/readme_tables.py default --from outputs/readme/default   # reuse a finished run's results
     python scripts/readme_tables.py claims compare.until=decided compare.max_seeds=6 --from D --wall 4200
     python scripts/readme_tables.py plans               # the FLOP plans: docs/cluster.md, docs/compare-plans.md, README
+    python scripts/readme_tables.py account             # a smoke comparison killed twice and resumed: its account
+                                                        # of what it spent, in docs/compare.md
 
 Each comparison's block lies on its own page, ``docs/compare-<NAME>.md``, between ``<!-- BEGIN compare:NAME -->``
 and ``<!-- END compare:NAME -->``, and holds the command, the wall time of the whole command (cold feature
@@ -17,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -61,8 +65,9 @@ def block(name: str, output: Path, wall: float | None, extra: list[str] = ()) ->
     manifest = json.loads((output / "manifest.json").read_text())
     report = (output / "results.md").read_text().split("\n", 2)[2].strip()  # without the title line
     report = re.sub(r"^#+ ", "## ", report, flags=re.M)  # sections of the page
+    sessions = len((manifest.get("account") or {}).get("sessions") or [None])
     wall_text = f"{wall:.0f} s wall for the whole command" if wall is not None else \
-        f"{manifest['wall_s']:.0f} s of comparison (reused results)"
+        f"{manifest['wall_s']:.0f} s of comparison over {sessions} session(s) (reused results)"
     figure = f"compare_{name}_metrics.png"  # beside the page
     commit, written = provenance(name, manifest)
     return "\n".join([
@@ -204,6 +209,49 @@ def plans(cache_dir: Path | None) -> None:
     print("docs/cluster.md, docs/compare-plans.md and README.md: plans written")
 
 
+def _finished_units(output: Path) -> tuple[int, bool]:
+    """How many of a comparison's units finished, and whether one is running now."""
+    states = []
+    for path in (output / "runs").glob("*/*/*/unit.json"):
+        try:
+            states.append(json.loads(path.read_text())["state"])
+        except (OSError, json.JSONDecodeError, KeyError):
+            continue
+    return states.count("finished"), "running" in states
+
+
+def account(cache_dir: Path | None) -> None:
+    """The smoke comparison SIGKILLed (its whole process group) after 6 and after 20 finished units, each time
+    while a unit runs, then finished by a third session: the "What it spent" section of its results.md, with the
+    commands, in docs/compare.md."""
+    work = Path(tempfile.mkdtemp(prefix="vlkit-account-"))
+    output, cache = work / "smoke", cache_dir or work / "cache"
+    extra = ["compare=smoke", "compare.checkpoint_every=2", "compare.heartbeat_s=1", "progress=false"]
+    command = [sys.executable, "-m", "vlkit.cli", "compare", *extra, f"output_dir={output}", f"cache_dir={cache}"]
+    for kill_after in (6, 20, None):
+        process = subprocess.Popen(command + (["resume=true"] if output.exists() else []), cwd=ROOT,
+                                   start_new_session=True, stdout=subprocess.DEVNULL)
+        while kill_after is not None:
+            done, running = _finished_units(output)
+            if done >= kill_after and running:
+                os.killpg(process.pid, signal.SIGKILL)
+                break
+            if process.poll() is not None:
+                raise SystemExit(f"the comparison ended before {kill_after} units finished")
+            time.sleep(0.2)
+        process.wait()
+    section = (output / "results.md").read_text().split("## What it spent", 1)[1].strip()
+    manifest = json.loads((output / "manifest.json").read_text())
+    commit, written = provenance("account", manifest)
+    shown_command = f"vlkit compare {' '.join(extra)} output_dir=D cache_dir=CACHE"
+    text = "\n".join([f"`{shown_command}`, SIGKILLed (its process group) after 6 and after 20 finished units, then "
+                      f"`{shown_command} resume=true` twice; {commit}, {written}. From its `results.md`:", "",
+                      section.replace(str(output), "D").replace(str(cache), "CACHE")])
+    update_block(DOCS / "compare.md", "account:smoke", text)
+    shutil.rmtree(work, ignore_errors=True)
+    print("docs/compare.md: the account of a resumed smoke comparison written")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("name", help="a comparison preset: default, claims, ...")
@@ -217,6 +265,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.name == "plans":
         return plans(args.cache_dir)
+    if args.name == "account":
+        return account(args.cache_dir)
     if args.source:
         output, wall = args.source, args.wall
     else:

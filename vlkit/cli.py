@@ -310,8 +310,9 @@ def _usage() -> str:
 
 
 # -- running -----------------------------------------------------------------------------------------
-def run(argv: list[str]) -> int:
-    """Run ``vlkit <argv>``; errors are raised (`console` prints them)."""
+def run(argv: list[str], started: float | None = None) -> int:
+    """Run ``vlkit <argv>``; errors are raised (`console` prints them). ``started``: when the command began (the
+    process's start, for the console script), for the commands that account for their time."""
     if argv[:1] in (["--version"], ["-V"]):
         from vlkit.version import __version__
 
@@ -345,10 +346,11 @@ def run(argv: list[str]) -> int:
     module, func = target.split(":")
     fn = getattr(importlib.import_module(module), func)
     try:
-        takes_overrides = "overrides" in inspect.signature(fn).parameters
+        parameters = inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        takes_overrides = False
-    result = fn(cfg, overrides=overrides) if takes_overrides else fn(cfg)
+        parameters = {}
+    given = {"overrides": overrides, "started": started}
+    result = fn(cfg, **{k: v for k, v in given.items() if k in parameters})
     return result if isinstance(result, int) else 0
 
 
@@ -387,11 +389,11 @@ def console(argv: list[str] | None = None) -> int:
     command = argv[0] if argv and argv[0] in COMMANDS else None
     name = f"vlkit {command}" if command else "vlkit"
     debug = os.environ.get("VLKIT_DEBUG", "") not in ("", "0", "false", "no")
-    from vlkit.runtime import interrupt_on_signals
+    from vlkit.runtime import interrupt_on_signals, process_started
 
     try:
         with interrupt_on_signals():
-            code = run(argv)
+            code = run(argv, started=process_started())
         _shutdown_distributed(barrier=True)
         return code
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM / SIGINT as `vlkit.runtime.Interrupted`

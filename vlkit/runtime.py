@@ -77,6 +77,43 @@ def stop_processes(processes: Iterable[Any], grace: float = 10.0) -> None:
             p.join()
 
 
+@contextlib.contextmanager
+def every(interval: float, action: Any) -> Iterator[None]:
+    """Within the block, call ``action()`` now and then every ``interval`` seconds from a daemon thread (a heartbeat:
+    a process that is killed simply stops calling it); the block's end stops the calls."""
+    stopped = threading.Event()
+
+    def loop() -> None:
+        while not stopped.wait(interval):
+            action()
+
+    action()
+    thread = threading.Thread(target=loop, daemon=True, name="vlkit-every")
+    thread.start()
+    try:
+        yield
+    finally:
+        stopped.set()
+        thread.join()
+
+
+def process_started() -> float:
+    """When this process started (seconds since the epoch): a command's span includes the interpreter's start.
+    On Linux from ``/proc`` to the clock tick (psutil adds the boot time rounded to whole seconds: up to 1 s off);
+    elsewhere psutil's."""
+    try:
+        ticks = os.sysconf("SC_CLK_TCK")
+        with open("/proc/self/stat") as f:  # field 22, starttime: clock ticks after boot
+            since_boot = int(f.read().rsplit(")", 1)[1].split()[19]) / ticks
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - since_boot)
+    except (OSError, ValueError, IndexError):
+        import psutil
+
+        return psutil.Process().create_time()
+
+
 def set_threads(threads: int | None, preset: str | None = None) -> int:
     """A command's ``threads=``: the given count, else 1 for ``tiny`` presets (a tiny model's ops are too small
     to share: two threads on a busy 2-core machine ran 10x slower than one) and torch's default otherwise."""

@@ -47,7 +47,9 @@ def test_ray_executor_reproduces_the_local_records(local_records):
     ray = pytest.importorskip("ray")
     root, expected = local_records
     port = free_port()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    # Ray >= 2.60: a local ray.init() writes a token to ~/.ray and turns token auth on, `ray start` does when one
+    # is there, and a driver given an address sends it only under RAY_AUTH_MODE=token: keep auth off, $HOME as is
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     started = subprocess.run(["ray", "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
                               "--include-dashboard=false", "--disable-usage-stats"], env=env, capture_output=True,
                              text=True, timeout=300)

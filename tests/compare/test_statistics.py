@@ -105,7 +105,10 @@ def test_results_json_is_strict_and_carries_chance_levels(tmp_path):
     recs[0]["meta_sum"] = float("nan")  # a metric that could not be computed
     recs[1]["nlvr2"] = float("inf")
     cfg = {"compare": {"title": "t", "seeds": [0, 1, 2, 3, 4], "budget": {"pretrain_steps": 1}}, "data": {"name": "d"}}
-    write_outputs(tmp_path, cfg, recs, {"data_hash": "0" * 12}, {}, 1.0)
+    account = {"sessions": [], "wall_s": 1.0, "unit_s": 1.0, "wasted_unit_s": 0.0, "attempts": 1, "died": 0, "failed": 0,
+               "device_hours": 1 / 3600, "wasted_device_hours": 0.0, "mfu": None, "units": {},
+               "plan": {"device": "cpu", "mfu": 0.3, "mfu_source": "s", "flops": 1e9, "device_hours": 0.001}}
+    write_outputs(tmp_path, cfg, recs, {"data_hash": "0" * 12}, {}, account)
 
     def refuse(constant):
         raise AssertionError(f"results.json holds {constant}")

@@ -20,11 +20,13 @@ SLURM through submitit, Ray); the report is always rebuilt from those folders (`
 Modules: `config` (runs, task configs), `units` (units and their state on disk), `scheduling` (the work of
 each unit), `worker` (a unit in its process), `executors` (where units run), `estimate` (dry run), `plan`,
 `flops` and `devices` (its FLOP plan), `statistics`, `claims` and `sequential` (tests, verdicts, seeds until
-decided), `report` and `plots` (outputs), `manifest` (what reruns a comparison).
+decided), `report` and `plots` (outputs), `manifest` (what reruns a comparison), `account` (what it spent, across
+every session, beside its plan).
 """
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import sys
 import threading
@@ -33,6 +35,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from vlkit.compare.account import Session, heartbeat_s
 from vlkit.compare.claims import check_claims
 from vlkit.compare.config import RunSpec, look_sizes_of, objective_mix, resolve_config, run_specs, task_cfg
 from vlkit.compare.plan import plan_settings
@@ -43,7 +46,8 @@ from vlkit.compare.units import PLAN_FILE, UnitFolder, changed_keys, status
 # Keys a resumed comparison may change: where and how units run, not what they compute.
 RESUME_SAFE = ("output_dir", "resume", "dry_run", "progress", "workers", "cache_dir", "manifest",
                "expected_data_hash", "compare.retries", "compare.executor", "compare.slurm", "compare.ray", "compare.plan",
-               "compare.probe", "compare.until", "compare.max_seeds", "compare.round_seeds", "compare.claims")
+               "compare.probe", "compare.until", "compare.max_seeds", "compare.round_seeds", "compare.claims",
+               "compare.heartbeat_s")
 # (the claims and until / max_seeds / round_seeds decide what is tested and which seeds run, not what a unit
 # computes: a finished fixed comparison may go on with compare.until=decided; decide on it before reading the
 # results for its error guarantee)
@@ -86,17 +90,22 @@ def _plan(cfg: dict[str, Any], output_dir: Path, argv: list[str], resume: bool) 
     return path
 
 
-def main(cfg: Any, overrides: list[str] | None = None) -> int:
+def main(cfg: Any, overrides: list[str] | None = None, started: float | None = None) -> int:
+    """Run the comparison ``cfg`` (``overrides``: the command line's, for the retry command; ``started``: when the
+    command began, else now: the session's start in the account, `vlkit.compare.account`)."""
     import torch
 
     from vlkit.compare.executors import ExecutorSettings, retry_command
     from vlkit.registry import EXECUTORS
+    from vlkit.runtime import every
 
+    started = time.time() if started is None else started
     cfg = resolve_config(cfg)
     compare = cfg["compare"]
     _check_seeds(compare.get("seeds"))
     settings = ExecutorSettings(cfg)
     plan_settings(compare)
+    heartbeat = heartbeat_s(compare)
     torch.set_num_threads(settings.threads)
     comparison = Comparison(cfg, Path(cfg.get("output_dir") or "."), progress=cfg.get("progress", True))
     check_claims(compare.get("claims") or [], [s.name for s in comparison.specs])
@@ -114,7 +123,38 @@ def main(cfg: Any, overrides: list[str] | None = None) -> int:
     comparison.output_dir = output_dir
     argv = list(overrides if overrides is not None else sys.argv[2:])
     plan_path = _plan(cfg, output_dir, argv, bool(cfg.get("resume")))
-    start = time.perf_counter()
+    session = Session.begin(output_dir, started, shlex.join(["vlkit", "compare", *argv]), compare.get("executor") or "local")
+    try:
+        with every(heartbeat, session.beat):
+            outcomes, stopped_by = _run_session(comparison, executor_cls, plan_path, settings)
+        bad = {k: o for k, o in outcomes.items() if o["state"] != "finished"}
+        how = (f"stopped by {signal.Signals(stopped_by[0]).name}" if stopped_by else
+               f"{len(bad)} unit(s) did not finish" if bad else "finished")
+        table = report_from_folder(comparison, session, how)
+    except BaseException as err:
+        if session.record["ended"] is None:
+            session.end(f"error: {type(err).__name__}")
+        raise
+    retry = retry_command(argv, output_dir)
+    if stopped_by:
+        print(f"vlkit compare: {how}; finished units are kept in {output_dir}. Go on with:\n  {retry}", file=sys.stderr)
+        return 128 + stopped_by[0]
+    print(f"\n{table}\n\nresults in {output_dir} (tests, chance levels and verdicts: {output_dir / 'results.md'})")
+    if bad:
+        lines = [f"  {k}: {o['state']}: {o.get('error') or ''}" for k, o in bad.items()]
+        print(f"vlkit compare: {how} (every other unit did):\n" + "\n".join(lines)
+              + f"\nEach failed unit's traceback.txt and unit.log are in its folder under {output_dir / 'runs'}. "
+              f"After fixing the cause, rerun them (and their dependents only) with:\n  {retry}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_session(comparison: Comparison, executor_cls: Any, plan_path: Path, settings: Any
+                 ) -> tuple[dict[str, dict[str, Any]], list[int]]:
+    """This session's work: the shared features, then every unit not finished before, look after look (a stop by
+    SIGTERM / SIGINT starts nothing new). Returns the outcomes and the signals that stopped it."""
+    import torch
+
     previous = torch.get_num_threads()
     torch.set_num_threads(settings.workers * settings.threads)  # no unit runs yet: the extraction takes their cores
     try:
@@ -141,22 +181,7 @@ def main(cfg: Any, overrides: list[str] | None = None) -> int:
         executor.close()
         for s, handler in handlers.items():
             signal.signal(s, handler)
-    table = report_from_folder(comparison, time.perf_counter() - start)
-    retry = retry_command(argv, output_dir)
-    if stopped_by:
-        name = signal.Signals(stopped_by[0]).name
-        print(f"vlkit compare: stopped by {name}; finished units are kept in {output_dir}. Go on with:\n  {retry}",
-              file=sys.stderr)
-        return 128 + stopped_by[0]
-    bad = {k: o for k, o in outcomes.items() if o["state"] != "finished"}
-    print(f"\n{table}\n\nresults in {output_dir} (tests, chance levels and verdicts: {output_dir / 'results.md'})")
-    if bad:
-        lines = [f"  {k}: {o['state']}: {o.get('error') or ''}" for k, o in bad.items()]
-        print(f"vlkit compare: {len(bad)} unit(s) did not finish (every other unit did):\n" + "\n".join(lines)
-              + f"\nEach failed unit's traceback.txt and unit.log are in its folder under {output_dir / 'runs'}. "
-              f"After fixing the cause, rerun them (and their dependents only) with:\n  {retry}", file=sys.stderr)
-        return 1
-    return 0
+    return outcomes, stopped_by
 
 
 def _run_look(comparison: Comparison, executor: Any, settings: Any, stop: threading.Event) -> dict[str, dict[str, Any]]:
@@ -242,12 +267,15 @@ def unit_states(comparison: Comparison) -> list[tuple[str, str, dict[str, Any] |
     return out
 
 
-def report_from_folder(comparison: Comparison, wall: float | None = None) -> str:
-    """Rebuild the report (``results.*``, plots, ``manifest.json``, ``units.md``) from the units' folders;
-    the units that are not finished are listed as missing, running, failed or stale. Returns the table."""
+def report_from_folder(comparison: Comparison, session: Any = None, how: str = "finished") -> str:
+    """Rebuild the report (``results.*``, plots, ``manifest.json``, ``units.md``) from the units' folders and the
+    sessions' records; the units that are not finished are listed as missing, running, failed or stale. ``session``:
+    this process's `vlkit.compare.account.Session`, ended ``how`` as the report takes the account. Returns the table
+    and the account's line."""
+    from vlkit.compare.account import account, spent_plan
     from vlkit.compare.manifest import write_manifest
     from vlkit.compare.plots import plot_alignment
-    from vlkit.compare.report import markdown_table, write_outputs
+    from vlkit.compare.report import account_line, units_markdown, write_outputs
     from vlkit.io import atomic_write_text
     from vlkit.objectives.mix import mix_objectives
     from vlkit.registry import OBJECTIVES
@@ -257,21 +285,15 @@ def report_from_folder(comparison: Comparison, wall: float | None = None) -> str
     replay_looks(comparison)
     states = unit_states(comparison)
     done = finished_results(comparison, states)
-    counts: dict[str, int] = {}
-    for _, st, _ in states:
-        counts[st] = counts.get(st, 0) + 1
-    summary = ", ".join(f"{n} {st}" for st, n in sorted(counts.items()))
-    rows = [[key, st, (s or {}).get("error", "") if st in ("failed", "died", "skipped") else
-             (time.strftime("%Y-%m-%d %H:%M", time.localtime(s["started"])) + f" on {s.get('host')}"
-              if st == "running" else "")] for key, st, s in states if st != "finished"]
-    units_md = f"# Units of {output_dir}\n\n{len(states)} units: {summary}.\n\n" + \
-        (markdown_table(["unit", "status", "error / started"], rows) + "\n" if rows else "")
-    atomic_write_text(output_dir / "units.md", units_md)
+    plan = spent_plan(comparison, done)
+    unfinished = sum(st != "finished" for _, st, _ in states)
     if not done:
-        return units_md
+        if session is not None:
+            session.end(how)
+        units = units_markdown(output_dir, states, account(comparison, plan))
+        atomic_write_text(output_dir / "units.md", units)
+        return units
     records, audit, curves = comparison.collect(done)
-    if wall is None:
-        wall = sum(r["wall_s"] for r in records)
     expected = cfg.get("expected_data_hash")
     if expected and expected != audit["data_hash"] and len(done) == len(states):
         raise RuntimeError(f"the data differ from the manifest's (hash {audit['data_hash'][:12]} != {expected[:12]})")
@@ -283,15 +305,19 @@ def report_from_folder(comparison: Comparison, wall: float | None = None) -> str
         plot_alignment(output_dir, pipeline.load_pretraining(run_dir), comparison.environment(shown))
     store = next((env.data["image"].get("path") for env in comparison._environments.values()
                   if env.data["image"].get("source") == "features"), None)
-    write_manifest(output_dir, cfg, audit, store, wall, complete=len(done) == len(states))
     costs = None
     if cfg["compare"].get("claims"):  # what the seeds a claim needs would cost
         from vlkit.compare.plan import seed_costs
 
-        costs = seed_costs(comparison)
-    table = write_outputs(output_dir, cfg, records, audit, curves, wall, costs)
-    if rows:
-        table += f"\n\n{len(rows)} of {len(states)} units are not finished ({summary}): see {output_dir / 'units.md'}"
+        costs = seed_costs(comparison, plan)
+    if session is not None:  # the account's last figure: this session's span
+        session.end(how)
+    acct = account(comparison, plan)
+    atomic_write_text(output_dir / "units.md", units_markdown(output_dir, states, acct))
+    write_manifest(output_dir, cfg, audit, store, acct, complete=len(done) == len(states))
+    table = write_outputs(output_dir, cfg, records, audit, curves, acct, costs) + "\n\n" + account_line(acct)
+    if unfinished:
+        table += f"\n\n{unfinished} of {len(states)} units are not finished: see {output_dir / 'units.md'}"
     return table
 
 

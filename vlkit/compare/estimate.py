@@ -4,7 +4,6 @@ shapes (`vlkit.compare.plan`, no data read), or with ``compare.plan.method=probe
 this machine (a few training steps of each distinct model and objective mix, and of each distinct model and task)."""
 from __future__ import annotations
 
-import math
 import statistics
 import tempfile
 from pathlib import Path
@@ -124,7 +123,7 @@ def flops_plan(comparison: Any, settings: Any, plan_cfg: dict[str, Any]) -> str:
     """The FLOP plan as text: per unit its FLOPs per step, steps, device-hours and wall; the total FLOPs and
     GPU-hours, and the wall time per executor."""
     from vlkit.compare.plan import make_plan
-    from vlkit.compare.report import markdown_table
+    from vlkit.compare.report import figure, markdown_table
 
     nodes = int(settings.slurm.get("nodes") or 1)
     plan = make_plan(comparison, plan_cfg, settings.gpus_per_unit, settings.threads, nodes)
@@ -134,11 +133,11 @@ def flops_plan(comparison: Any, settings: Any, plan_cfg: dict[str, Any]) -> str:
         parent = row.unit.depends_on()
         depends[row.key] = comparison.key(parent) if parent else None
         durations[row.key] = row.wall_hours * 3600
-        rows.append([row.key, depends[row.key] or "–", f"{row.steps:,}", _figure(row.flops_per_step / 1e9),
-                     _figure(row.flops / 1e15), _figure(row.hours), f"{row.devices}", _figure(row.wall_hours)])
+        rows.append([row.key, depends[row.key] or "–", f"{row.steps:,}", figure(row.flops_per_step / 1e9),
+                     figure(row.flops / 1e15), figure(row.hours), f"{row.devices}", figure(row.wall_hours)])
     device = plan.device
     kind = "GPU" if device.name != "cpu" else "CPU"
-    peaks = ", ".join(f"{p} {_figure(device.peaks[p])}" for p in dict.fromkeys(r.precision for r in plan.units))
+    peaks = ", ".join(f"{p} {figure(device.peaks[p])}" for p in dict.fromkeys(r.precision for r in plan.units))
     shapes = sorted({(r.shapes.batch_size, r.shapes.text_len, r.shapes.regions) for r in plan.units})
     out = [f"vlkit compare dry run: {len(units)} units ({sum(u.is_pretrain for u in units)} pre-trainings) of "
            f"{len(comparison.specs)} run(s) x {len(comparison.compare['seeds'])} seed(s); nothing is run.", "",
@@ -149,21 +148,13 @@ def flops_plan(comparison: Any, settings: Any, plan_cfg: dict[str, Any]) -> str:
            f"{', '.join(map(str, shapes))} (compare.plan.text_len / regions; patches from the model).",
            f"Device: {device.name}, dense peak {peaks} TFLOPS; MFU {plan.mfu:.1%} ({plan.mfu_source}); hours = FLOPs "
            "/ (peak x MFU), training steps only, evaluation not included.",
-           f"Total: {_figure(plan.flops / 1e15)} PFLOP = {_figure(plan.hours)} {kind}-hours"
+           f"Total: {figure(plan.flops / 1e15)} PFLOP = {figure(plan.hours)} {kind}-hours"
            + (f" (units of {settings.threads} thread(s))." if device.name == "cpu" else ".")]
     order = [r.key for r in plan.units]
     for name, n in _slots(settings).items():
         out.append(f"- executor {name}: {n} unit(s) at once -> about "
-                   f"{_figure(simulate(durations, depends, order, n) / 3600)} h wall")
+                   f"{figure(simulate(durations, depends, order, n) / 3600)} h wall")
     return "\n".join(out)
-
-
-def _figure(value: float) -> str:
-    """Three significant figures, thousands separated: 0.00123, 4.56, 1,234."""
-    if value == 0 or not math.isfinite(value):
-        return f"{value:g}"
-    decimals = max(0, 2 - math.floor(math.log10(abs(value))))
-    return f"{value:,.{decimals}f}"
 
 
 def probe_plan(comparison: Any, settings: Any) -> str:

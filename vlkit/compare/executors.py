@@ -78,15 +78,22 @@ def drive(units: list[str], depends: dict[str, str | None], executor: Any, retri
     return outcomes
 
 
-def _watch_parent() -> None:
-    """End this process when its parent is gone (a SIGKILLed `vlkit compare` leaves no worker behind)."""
-    parent = os.getppid()
+_WATCHED: set[int] = set()
+
+
+def exit_with(pid: int) -> None:
+    """End this process when process ``pid`` of this host is gone: a SIGKILLed `vlkit compare` leaves no worker
+    behind (its units would otherwise run on beside the session that resumes it)."""
+    from vlkit.compare.units import _alive
+
+    if pid in _WATCHED:
+        return
+    _WATCHED.add(pid)
 
     def watch() -> None:
-        while True:
-            if os.getppid() != parent:
-                os._exit(1)
+        while _alive(pid):
             time.sleep(0.5)
+        os._exit(1)
 
     threading.Thread(target=watch, daemon=True, name="vlkit-parent-watch").start()
 
@@ -95,7 +102,7 @@ def _pool_worker(connection: Any, plan_path: str, env: dict[str, str], launch: l
     """A local worker process: runs the units it is sent, one at a time, until the pipe closes."""
     os.environ.update(env)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what a Ctrl-C stops
-    _watch_parent()
+    exit_with(os.getppid())
     from vlkit.compare.worker import run_job
 
     while True:
@@ -322,20 +329,19 @@ class RayExecutor:
     def __init__(self, plan_path: Path, settings: ExecutorSettings):
         import ray
 
-        from vlkit.compare.worker import run_job
-
         self.ray, self.plan_path = ray, str(plan_path)
+        address = settings.ray.get("address")
         if not ray.is_initialized():
-            address = settings.ray.get("address")
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
                      **({} if address else {"num_cpus": settings.workers * settings.threads}))
+        self.driver = None if address else os.getpid()  # a local cluster's units end with this process
         self.remote = ray.remote(num_cpus=float(settings.ray.get("num_cpus") or settings.threads),
-                                 num_gpus=settings.gpus_per_unit, max_retries=0)(run_job)
+                                 num_gpus=settings.gpus_per_unit, max_retries=0)(_ray_unit)
         self.slots = int(settings.ray.get("max_concurrent") or settings.workers)
         self.refs: dict[Any, str] = {}
 
     def submit(self, key: str) -> None:
-        self.refs[self.remote.remote(self.plan_path, key)] = key
+        self.refs[self.remote.remote(self.plan_path, key, self.driver)] = key
 
     def wait(self, timeout: float) -> list[tuple[str, dict[str, Any]]]:
         ready, _ = self.ray.wait(list(self.refs), num_returns=1, timeout=timeout)
@@ -353,6 +359,16 @@ class RayExecutor:
     def close(self) -> None:
         for ref in self.refs:
             self.ray.cancel(ref, force=True)
+
+
+def _ray_unit(plan_path: str, key: str, driver: int | None) -> dict[str, Any]:
+    """A unit as a Ray task; on a local cluster its worker ends with the ``driver`` process (Ray's own workers
+    outlive a SIGKILLed driver by seconds, long enough to finish a unit beside the session that resumes it)."""
+    from vlkit.compare.worker import run_job
+
+    if driver is not None:
+        exit_with(driver)
+    return run_job(plan_path, key)
 
 
 def _first_line(err: BaseException) -> str:

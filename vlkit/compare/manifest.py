@@ -39,9 +39,10 @@ def git_commit() -> str | None:
 
 
 def write_manifest(output_dir: Path, cfg: dict[str, Any], audit: dict[str, Any], store: str | None,
-                   wall: float, complete: bool = True) -> dict[str, Any]:
+                   account: dict[str, Any], complete: bool = True) -> dict[str, Any]:
     """Write ``manifest.json``: the resolved config (``vlkit compare manifest=`` reruns it), seeds, data hash
-    and parts, ids seen, the feature store's digest, package versions, git commit, command, wall time, the
+    and parts, ids seen, the feature store's digest, package versions, git commit, command, wall time over every
+    session and what the comparison spent (``account``: `vlkit.compare.account`, without its per-unit rows), the
     machine speed its units recorded (``machine``) and whether every unit had finished (``complete``)."""
     manifest = {
         "config": {k: v for k, v in cfg.items() if k not in ("output_dir", "manifest", "expected_data_hash", "resume",
@@ -53,7 +54,8 @@ def write_manifest(output_dir: Path, cfg: dict[str, Any], audit: dict[str, Any],
         "packages": package_versions(),
         "git_commit": git_commit(),
         "command": " ".join(sys.argv),
-        "wall_s": wall,
+        "wall_s": account["wall_s"],
+        "account": {k: v for k, v in account.items() if k != "units"},
         "machine": audit.get("machine"),
         "complete": complete,
     }

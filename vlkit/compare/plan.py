@@ -9,6 +9,7 @@ same plan to price the seeds a claim still needs (`vlkit.compare.report`).
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -122,9 +123,10 @@ def unit_shapes(comparison: Any, unit: Any, settings: dict[str, Any], model: Any
 
 
 def make_plan(comparison: Any, settings: dict[str, Any], gpus_per_unit: int = 0, threads: int = 1,
-              slurm_nodes: int = 1) -> Plan:
+              slurm_nodes: int = 1, counted: dict[str, float] | None = None) -> Plan:
     """Every unit of ``comparison`` with its FLOPs per step, steps and device-hours. Each distinct model, mix or
-    task at each shape is counted once; models are built on the meta device."""
+    task at each shape is counted once (``counted``: what earlier plans counted, by the sha256 of what was counted;
+    the counts are added to it); models are built on the meta device."""
     from vlkit.compare.config import objective_mix, run_data
     from vlkit.compare.flops import finetune_step_flops, on_meta, plan_sizes, pretrain_step_flops
     from vlkit.models.base import build_model, split_model_config
@@ -134,7 +136,7 @@ def make_plan(comparison: Any, settings: dict[str, Any], gpus_per_unit: int = 0,
 
     units = comparison.all_units()
     models: dict[str, Any] = {}
-    counted: dict[str, float] = {}
+    counted = {} if counted is None else counted
     rows: list[UnitPlan] = []
     for unit in units:
         spec = comparison.specs[unit.run]
@@ -151,8 +153,8 @@ def make_plan(comparison: Any, settings: dict[str, Any], gpus_per_unit: int = 0,
         mix = objective_mix(spec)
         task_cfg = None if unit.is_pretrain else comparison.task_cfg(unit.task, spec)
         from_mix = unit.is_pretrain or (unit.variant == "pretrained" and TASKS.get(unit.task).from_pretraining)
-        kind = json.dumps([model_key, mix if from_mix else None, task_cfg, shapes.__dict__], sort_keys=True,
-                          default=str)
+        kind = hashlib.sha256(json.dumps([model_key, mix if from_mix else None, task_cfg, shapes.__dict__],
+                                         sort_keys=True, default=str).encode()).hexdigest()
         if kind not in counted:
             model = copy.deepcopy(models[model_key])  # a task may change its model (NLVR2's image token types)
             pretraining = on_meta(lambda: build_pretraining(model, mix)) if mix is not None else None
@@ -177,15 +179,19 @@ def make_plan(comparison: Any, settings: dict[str, Any], gpus_per_unit: int = 0,
     return Plan(rows, device, mfu, source)
 
 
-def seed_costs(comparison: Any) -> dict[str, Any]:
+def seed_costs(comparison: Any, made: Plan | None = None) -> dict[str, Any]:
     """What one more seed of each run costs on the plan's device (``compare.plan``): device-hours per run, the mean
-    over its seeds of its units' hours; with the device and MFU they assume."""
+    over its seeds of its units' hours; with the device and MFU they assume. ``made``: a plan of the comparison
+    already made, used when it is on that device."""
     from vlkit.compare.config import unit_threads
 
     compare = comparison.compare
     gpus = int(compare.get("gpus_per_unit") or 0)
-    plan = make_plan(comparison, plan_settings(compare), gpus, unit_threads(comparison.cfg),
-                     int((compare.get("slurm") or {}).get("nodes") or 1))
+    settings = plan_settings(compare)
+    wanted = settings["device"] or ("cpu" if not gpus else None)
+    plan = made if made is not None and wanted == made.device.name else \
+        make_plan(comparison, settings, gpus, unit_threads(comparison.cfg),
+                  int((compare.get("slurm") or {}).get("nodes") or 1))
     hours: dict[str, dict[int, float]] = {}
     for row in plan.units:
         per_seed = hours.setdefault(comparison.specs[row.unit.run].name, {})

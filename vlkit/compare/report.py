@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -23,6 +24,16 @@ UNITS = "fraction"  # named in results.json and results.csv
 
 def _num(value: float, digits: int = 1) -> str:
     return "–" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def figure(value: float | None) -> str:
+    """Three significant figures, thousands separated: 0.00123, 4.56, 1,234 (– for none)."""
+    if value is None:
+        return "–"
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    decimals = max(0, 2 - math.floor(math.log10(abs(value))))
+    return f"{value:,.{decimals}f}"
 
 
 def _cell(stat: dict[str, Any] | None, factor: float = 100.0) -> str:
@@ -227,8 +238,92 @@ def machine_note(machine: dict[str, Any] | None) -> str:
             f"GFLOPS, {rate['min']:.0f}-{rate['max']:.0f} over {machine['units']} units.")
 
 
+def units_markdown(output_dir: Path, states: list, acct: dict[str, Any]) -> str:
+    """``units.md`` of the comparison in ``output_dir``: every unit (``states``: `vlkit.compare.unit_states`) with its
+    status, attempts, what it spent beside its plan (``acct``: `vlkit.compare.account.account`), its error or start."""
+    counts: dict[str, int] = {}
+    for _, st, _ in states:
+        counts[st] = counts.get(st, 0) + 1
+    rows = []
+    for key, st, s in states:
+        unit = acct["units"].get(key) or {}
+        note = (s or {}).get("error", "") if st in ("failed", "died", "skipped") else \
+            (time.strftime("%Y-%m-%d %H:%M", time.localtime(s["started"])) + f" on {s.get('host')}"
+             if st == "running" else "")
+        rows.append([key, st, str(unit.get("attempts", 0)), f"{unit.get('unit_s', 0):,.1f}",
+                     f"{unit.get('wasted_s', 0):,.1f}", figure(unit.get("planned_hours")), figure(unit.get("device_hours")),
+                     "–" if unit.get("mfu") is None else f"{unit['mfu']:.1%}", note])
+    device = acct["plan"]["device"]
+    summary = ", ".join(f"{n} {st}" for st, n in sorted(counts.items()))
+    return (f"# Units of {output_dir}\n\n{len(states)} units: {summary}.\n\n"
+            + markdown_table(["unit", "status", "attempts", "unit-s", "wasted s", f"planned {device}-h",
+                              f"spent {device}-h", "achieved MFU", "error / started"], rows) + "\n")
+
+
+def account_line(acct: dict[str, Any]) -> str:
+    """The account in one sentence (results.md's header, `vlkit compare-report`)."""
+    sessions = len(acct["sessions"])
+    plan = acct["plan"]
+    mfu = "" if acct["mfu"] is None else f", achieved MFU {acct['mfu']:.1%}"
+    return (f"Spent: wall time {acct['wall_s']:,.0f} s over {sessions} session(s); {acct['unit_s']:,.0f} unit-s in "
+            f"{acct['attempts']} attempt(s) ({acct['died']} died, {acct['failed']} failed: {acct['wasted_unit_s']:,.0f} "
+            f"unit-s wasted); {figure(acct['device_hours'])} {plan['device']}-hours against "
+            f"{figure(plan['device_hours'])} planned at MFU {plan['mfu']:.1%}{mfu}.")
+
+
+def _stage(key: str) -> str:
+    """A unit's row in results.md's account: a run's pre-training, or a task's fine-tunings."""
+    run, _, rest = key.partition("/seed")
+    stage = rest.partition("/")[2]
+    return f"{run} pre-training" if stage == "pretrain" else f"{stage.partition('-')[2]} fine-tuning"
+
+
+def account_section(acct: dict[str, Any]) -> list[str]:
+    """results.md's account: every session, then spent beside planned per stage (a run's pre-training, a task's
+    fine-tunings) and in total."""
+    def clock(t: float | None) -> str:
+        return "–" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+    rows = [[str(s["session"]), clock(s["started"]), clock(s["ended"] or s["last_seen"]), f"{s['span_s']:,.0f}",
+             s["end"], s["host"], s["executor"], str(s["finished"]), str(s["failed"]), str(s["died"]),
+             str(s["retried"]), f"`{s['command']}`"] for s in acct["sessions"]]
+    stages: dict[str, dict[str, float]] = {}
+    for key, unit in acct["units"].items():
+        stage = stages.setdefault(_stage(key), {"units": 0, "attempts": 0, "unit_s": 0.0, "device_hours": 0.0,
+                                                  "planned_hours": 0.0, "flops": 0.0, "peak_s": 0.0})
+        stage["units"] += 1
+        stage["attempts"] += unit["attempts"]
+        stage["unit_s"] += unit["unit_s"]
+        stage["device_hours"] += unit["device_hours"]
+        stage["planned_hours"] += unit["planned_hours"] or 0.0
+        if unit["mfu"]:
+            stage["flops"] += unit["planned_flops"]
+            stage["peak_s"] += unit["planned_flops"] / unit["mfu"]
+    plan = acct["plan"]
+    lines = [[name, str(s["units"]), str(s["attempts"]), f"{s['unit_s']:,.0f}", figure(s["planned_hours"]),
+              figure(s["device_hours"]), f"{s['flops'] / s['peak_s']:.1%}" if s["peak_s"] else "–"]
+             for name, s in stages.items()]
+    lines.append(["**total**", str(len(acct["units"])), str(acct["attempts"]), f"{acct['unit_s']:,.0f}",
+                  figure(sum(u["planned_hours"] or 0.0 for u in acct["units"].values())), figure(acct["device_hours"]),
+                  "–" if acct["mfu"] is None else f"{acct['mfu']:.1%}"])
+    return ["## What it spent", "", account_line(acct), "",
+            "Every session (each run of `vlkit compare` on this folder; a killed one ends at its last heartbeat) and "
+            "the attempts it started:", "",
+            markdown_table(["session", "started", "ended", "wall s", "end", "host", "executor", "finished", "failed",
+                            "died", "retried", "command"], rows), "",
+            f"Spent beside planned: the FLOP plan of these units on {plan['device']} at MFU {plan['mfu']:.1%} "
+            f"({plan['mfu_source']}); spent device-hours count every attempt; achieved MFU = planned FLOPs of the "
+            "finished units / (their spent seconds x devices x the device's peak): set `compare.plan.mfu` from it. "
+            "Each unit: `units.md`.", "",
+            markdown_table(["stage", "units", "attempts", "unit-s", f"planned {plan['device']}-h",
+                            f"spent {plan['device']}-h", "achieved MFU"], lines), ""]
+
+
 def write_outputs(output_dir: Path, cfg: dict[str, Any], records: list[dict[str, Any]], audit: dict[str, Any],
-                  curves: dict[str, list[dict[str, Any]]], wall: float, costs: dict[str, Any] | None = None) -> str:
+                  curves: dict[str, list[dict[str, Any]]], account: dict[str, Any], costs: dict[str, Any] | None = None
+                  ) -> str:
+    """results.md, results.json, results.csv and the plots; ``account``: what the comparison spent
+    (`vlkit.compare.account`): its line in the header, its section at the end."""
     from vlkit.compare.config import look_sizes_of
     from vlkit.io import atomic_write_text
 
@@ -239,8 +334,8 @@ def write_outputs(output_dir: Path, cfg: dict[str, Any], records: list[dict[str,
     seeds = sorted({r["seed"] for r in records})
     notes = [f"# vlkit compare: {cfg['compare'].get('title', 'comparison')}", "",
              f"Data: `{cfg['data'].get('name')}` (hash `{audit['data_hash'][:12]}`), seeds {seeds}, "
-             f"pre-training {cfg['compare']['budget']['pretrain_steps']} steps, wall time {wall:.0f} s."
-             + machine_note(audit.get("machine")), "",
+             f"pre-training {cfg['compare']['budget']['pretrain_steps']} steps." + machine_note(audit.get("machine")),
+             "", account_line(account), "",
              "Metrics in points (mean ± 95% t-interval over seeds). `itm_acc`: the pre-training ITM head on held-out "
              "pairs; `zs_*`: zero-shot retrieval with it; `meta_sum`: UNITER's VQA + IR@1 + TR@1 + NLVR2 + RefExp "
              "(– where a task does not apply).", chance_note(result["chance"]), "", table, ""]
@@ -269,9 +364,10 @@ def write_outputs(output_dir: Path, cfg: dict[str, Any], records: list[dict[str,
     notes += ["## Verdicts", "", *verdict_lines(result["tests"]["vs_scratch"], result["tests"]["pairwise"]),
               *[f"- Claim: {c['claim']}: **{c['verdict']}**" for c in result["claims"]], "",
               "Every metric of every run and seed: `results.csv` / `results.json`; plots: `metrics.png`, "
-              "`loss_curves.png`, `wra_plan.png`.", ""]
+              "`loss_curves.png`, `wra_plan.png`.", "", *account_section(account)]
     atomic_write_text(output_dir / "results.md", "\n".join(notes))
-    atomic_write_text(output_dir / "results.json", dump_json({"units": UNITS, "records": records, **result}))
+    atomic_write_text(output_dir / "results.json", dump_json({"units": UNITS, "records": records, **result,
+                                                             "account": account}))
     keys = ["units"] + sorted({k for r in records for k in r})
     with open(output_dir / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=keys)

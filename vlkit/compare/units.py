@@ -6,6 +6,11 @@ Each has its own folder ``<output_dir>/runs/<run>/seed<S>/<stage>`` (the trainer
 and, once finished, its result (metrics, costs, data digests, ids seen); a failed unit also leaves
 ``traceback.txt``; every attempt appends to ``unit.log``. Files are replaced atomically, so a reader (the
 report, a resumed comparison) never sees half a state.
+
+``unit.json`` also keeps every attempt the unit ever made (``attempts``: session, host, pid, start, end, state),
+whatever became of it: the comparison's account of what it spent (`vlkit.compare.account`). While an attempt runs
+its process touches ``heartbeat`` every ``compare.heartbeat_s`` seconds, so an attempt whose process was killed
+ends at its last heartbeat.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from typing import Any
 UNIT_FILE = "unit.json"
 TRACEBACK_FILE = "traceback.txt"
 LOG_FILE = "unit.log"
+HEARTBEAT_FILE = "heartbeat"
 PLAN_FILE = "plan.json"
 
 
@@ -109,26 +115,60 @@ class UnitFolder:
         self.directory.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.path, dump_json(state))
 
-    def start(self, unit_hash: str, config: dict[str, Any]) -> int:
-        """Record an attempt as running (host, pid, time); returns the attempt's number."""
+    @property
+    def heartbeat(self) -> Path:
+        return self.directory / HEARTBEAT_FILE
+
+    def last_seen(self) -> float | None:
+        """When the unit's running attempt last showed it was alive (its heartbeat), None before any."""
+        try:
+            return self.heartbeat.stat().st_mtime
+        except OSError:
+            return None
+
+    def start(self, unit_hash: str, config: dict[str, Any], session: int | None = None) -> int:
+        """Record an attempt as running (session, host, pid, time); an earlier attempt still marked running died:
+        it ends at its last heartbeat. Returns the attempt's number."""
         previous = self.read() or {}
         attempt = int(previous.get("attempt", 0)) + 1
+        attempts = [close_attempt(a, self.last_seen()) for a in previous.get("attempts", [])]
+        now = time.time()
+        attempts.append({"attempt": attempt, "session": session, "host": socket.gethostname(), "pid": os.getpid(),
+                         "started": now, "state": "running"})
         self._write({"unit": self.key, "state": "running", "hash": unit_hash, "config": config, "attempt": attempt,
-                     "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()})
+                     "host": socket.gethostname(), "pid": os.getpid(), "started": now, "attempts": attempts})
         return attempt
+
+    def _ended(self, attempt: int, state: str) -> tuple[float, list[dict[str, Any]]]:
+        """The end time and the attempts with attempt ``attempt`` ended as ``state``."""
+        now = time.time()
+        attempts = [{**a, "ended": now, "state": state} if a.get("attempt") == attempt else a
+                    for a in (self.read() or {}).get("attempts", [])]
+        return now, attempts
 
     def finish(self, unit_hash: str, config: dict[str, Any], attempt: int, result: dict[str, Any]) -> None:
         (self.directory / TRACEBACK_FILE).unlink(missing_ok=True)
+        ended, attempts = self._ended(attempt, "finished")
         self._write({"unit": self.key, "state": "finished", "hash": unit_hash, "config": config, "attempt": attempt,
-                     "ended": time.time(), "result": result})
+                     "ended": ended, "result": result, "attempts": attempts})
 
     def fail(self, unit_hash: str, config: dict[str, Any], attempt: int, error: BaseException, trace: str) -> None:
         from vlkit.io import atomic_write_text
 
         self.directory.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.directory / TRACEBACK_FILE, trace)
+        ended, attempts = self._ended(attempt, "failed")
         self._write({"unit": self.key, "state": "failed", "hash": unit_hash, "config": config, "attempt": attempt,
-                     "ended": time.time(), "error": f"{type(error).__name__}: {error}", "traceback": TRACEBACK_FILE})
+                     "ended": ended, "error": f"{type(error).__name__}: {error}", "traceback": TRACEBACK_FILE,
+                     "attempts": attempts})
+
+
+def close_attempt(attempt: dict[str, Any], last_seen: float | None) -> dict[str, Any]:
+    """An attempt still marked running whose process is gone (``died``): it ended at ``last_seen`` (its unit's
+    heartbeat; its start when it never beat); any other attempt as it is."""
+    if attempt.get("state") != "running":
+        return attempt
+    return {**attempt, "state": "died", "ended": max(attempt["started"], last_seen or attempt["started"])}
 
 
 def status(state: dict[str, Any] | None, unit_hash: str) -> str:

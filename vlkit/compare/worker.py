@@ -69,7 +69,7 @@ _PROBES: dict[int, tuple[float, float]] = {}  # threads -> (time.monotonic() of 
 
 
 def machine_speed() -> dict[str, Any]:
-    """Where a unit ran and how fast that machine multiplied matrices just after it (`vlkit.runtime.gemm_gflops` on
+    """Where a unit ran (host, CUDA device or cpu) and how fast that machine multiplied matrices just after it (`vlkit.runtime.gemm_gflops` on
     the unit's threads, so a busy core shows): a unit's wall time is read beside it. The process's last probe on
     as many threads is reused while it is under `PROBE_REUSE_S` seconds old: a probe costs about 0.1 s, as much as a
     smoke test's whole unit, while the speed drifts over hours."""
@@ -82,15 +82,18 @@ def machine_speed() -> dict[str, Any]:
     threads, now = torch.get_num_threads(), time.monotonic()
     if threads not in _PROBES or now - _PROBES[threads][0] >= PROBE_REUSE_S:
         _PROBES[threads] = (now, round(gemm_gflops(), 1))
-    return {"host": socket.gethostname(), "threads": threads, "gemm_gflops": _PROBES[threads][1]}
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"host": socket.gethostname(), "device": device, "threads": threads, "gemm_gflops": _PROBES[threads][1]}
 
 
 def run_job(plan_path: str | Path, key: str) -> dict[str, Any]:
     """Run unit ``key`` of the comparison planned in ``plan_path`` here; see the module docstring."""
     import torch
 
+    from vlkit.compare.account import heartbeat_s, latest_session
     from vlkit.compare.config import unit_threads
     from vlkit.compare.units import LOG_FILE, UnitFolder, config_hash
+    from vlkit.runtime import every
 
     comparison = comparison_of(plan_path)
     torch.set_num_threads(unit_threads(comparison.cfg))  # a spawned worker would otherwise take every core
@@ -100,8 +103,9 @@ def run_job(plan_path: str | Path, key: str) -> dict[str, Any]:
     unit_hash = config_hash(config)
     folder = UnitFolder(comparison.unit_dir(unit), key)
     main = _rank() == 0
-    attempt = folder.start(unit_hash, config) if main else 0
-    with _captured(folder.directory / (LOG_FILE if main else f"unit.rank{_rank()}.log")) as log:
+    attempt = folder.start(unit_hash, config, latest_session(comparison.output_dir)) if main else 0
+    beating = every(heartbeat_s(comparison.compare), folder.heartbeat.touch) if main else contextlib.nullcontext()
+    with beating, _captured(folder.directory / (LOG_FILE if main else f"unit.rank{_rank()}.log")) as log:
         print(f"--- {key}: attempt {attempt}, pid {os.getpid()}, {torch.get_num_threads()} torch thread(s)", file=log,
               flush=True)
         try:
