@@ -303,7 +303,8 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
         return self.config.to_dict()
 
     def save_pretrained(self, directory: str | Path) -> Path:
-        """Write ``config.json`` and ``model.safetensors`` (each atomically) into ``directory``."""
+        """Write ``config.json`` and ``model.safetensors`` (each atomically) into ``directory``, and the model's
+        processor (``processor.json`` and ``tokenizer/``) when it has one (`vlkit.build_model(processor=)`)."""
         from vlkit.version import __version__
 
         directory = Path(directory)
@@ -311,6 +312,8 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
         save_weights(self, directory / WEIGHTS_NAME, metadata={"family": self.family, "format": "pt"})
         meta = {"family": self.family, "vlkit_version": __version__, "config": self.config_to_save()}
         atomic_write_text(directory / CONFIG_NAME, json.dumps(meta, indent=2, sort_keys=True))
+        if getattr(self, "processor", None) is not None:
+            self.processor.save_pretrained(directory)
         return directory
 
 
