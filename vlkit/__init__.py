@@ -4,6 +4,9 @@
     model = vlkit.build_model("uniter", preset="tiny")
     out = model(model.example_batch(batch_size=2))
 
+Composing in Python: `build_processor` (a `VLProcessor`: tokenizer, images, collator) sizes `build_model`;
+`pretrain`, `finetune`, `evaluate` and `compare` run the commands' own code (docs/python.md).
+
 The extension API (a new family in its own package, found through the ``vlkit.plugins`` entry point):
 `register_model` with `VLModel` / `ModelConfig`, `register_head` with the head bases (`Head`,
 `JointClassifier`, `PairClassifier`, `RegionScorer`, `RankHead`), `register_objective` with
@@ -37,6 +40,12 @@ _LAZY = {
     **dict.fromkeys(("list_models", "build_model", "from_pretrained", "list_pretrained", "list_objectives",
                      "build_objective", "build_pretraining", "list_tasks", "build_task"), "vlkit.api"),
     **dict.fromkeys(("PretrainedWeights", "register_pretrained"), "vlkit.released"),
+    **dict.fromkeys(("VLProcessor", "build_processor", "load_model_and_processor"), "vlkit.processor"),
+    **dict.fromkeys(("pretrain", "finetune", "evaluate", "compare", "RunResult", "ComparisonResult"),
+                    "vlkit.workflows"),
+    **dict.fromkeys(("ImageTextPairs", "VLCollator", "build_pairs", "build_tokenizer", "build_image_source"),
+                    "vlkit.data"),
+    "TrainerConfig": "vlkit.train",
 }
 
 
