@@ -320,7 +320,8 @@ def compare(runs: Sequence[Any] | None = None, data: Any = None, *, preset: str 
 
     config = _Config(overrides)
     config.groups.append(f"compare={os.fspath(preset)}")
-    config.group("data", data)
+    processors = [getattr(run, "processor", None) for run in runs or ()]
+    _data(config, data, next((p for p in processors if p is not None), None) if data is not None else None)
     if runs is not None:
         config.set("compare.runs", [_run_spec(run) for run in runs], merge=False)
     for key, value in (("tasks", tasks), ("seeds", seeds)):
@@ -336,8 +337,8 @@ def compare(runs: Sequence[Any] | None = None, data: Any = None, *, preset: str 
             config.set(key, os.fspath(value) if isinstance(value, os.PathLike) else value)
     if resume:
         config.set("resume", True)
-    cfg, explicit = config.compose("compare")
-    code = main(cfg, overrides=explicit)
+    cfg, _ = config.compose("compare")
+    code = main(cfg, overrides=config.groups)
     output = Path(out)
     results = json.loads((output / "results.json").read_text(encoding="utf-8")) \
         if (output / "results.json").is_file() else {}
@@ -349,11 +350,17 @@ def compare(runs: Sequence[Any] | None = None, data: Any = None, *, preset: str 
 
 
 def _run_spec(run: Any) -> dict[str, Any]:
-    """A run of a comparison: a model name (``uniter/tiny``: its family's own mix), else the run dict as given."""
+    """A run of a comparison: a model name (``uniter/tiny``) or a model built in Python (its config, and its
+    processor's images), pre-trained with its family's own mix; else the run dict as given."""
+    from vlkit.models.base import MODELS, VLModel, model_name
+
+    if isinstance(run, VLModel):
+        spec = {"name": f"{run.family}_{run.config.preset}", "model": {"name": run.family, **run.config.to_dict()},
+                "objectives": type(run).default_mix}
+        processor = getattr(run, "processor", None)
+        return spec if processor is None else {**spec, "data": {"image": processor.data_config["image"]}}
     if not isinstance(run, str):
         return dict(run)
-    from vlkit.models.base import MODELS, model_name
-
     family, preset = model_name(run)
     return {"name": run.replace("/", "_"), "model": {"name": family, "preset": preset},
             "objectives": MODELS.get(family).default_mix}
