@@ -173,7 +173,7 @@ def pairs_file(pairs: Any, processor: Any, cache_dir: Any = None) -> Path:
         if isinstance(item, Mapping):
             image, caption = item.get("image_id", item.get("image")), item.get("caption")
         else:
-            image, caption = item
+            image, caption = tuple(item) if isinstance(item, (tuple, list)) and len(item) == 2 else (None, None)
         if image is None or not isinstance(caption, str):
             raise ValueError(f"pair {k}: {item!r} is not an (image, caption) pair or an {{image_id, caption}} record")
         lines.append(json.dumps({"id": str(item.get("id", k)) if isinstance(item, Mapping) else str(k),
