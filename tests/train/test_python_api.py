@@ -131,8 +131,10 @@ def _same_runs(a, b):
     """The two runs logged the same numbers (time fields apart) and saved the same weights."""
     from safetensors.torch import load_file
 
+    from vlkit.train import read_metrics
+
     timing = ("step_s", "time", "wall_s", "samples_per_s")
-    first, second = ([{k: v for k, v in r.items() if k not in timing} for r in vlkit.train.read_metrics(d)] for d in (a, b))
+    first, second = ([{k: v for k, v in r.items() if k not in timing} for r in read_metrics(d)] for d in (a, b))
     assert first == second and first
     weights = [load_file(str(d / "model" / "model.safetensors")) for d in (a, b)]
     assert weights[0].keys() == weights[1].keys()
