@@ -65,12 +65,14 @@ class _Config:
 
     def __init__(self, overrides: Sequence[str] | None = None):
         self.groups: list[str] = list(overrides or ())
-        self.values: list[tuple[str, Any, bool]] = []  # (key, value, merge into the composed value)
+        self.values: list[tuple[str, Any, bool, bool]] = []  # (key, value, merge into the composed value, strict)
 
-    def set(self, key: str, value: Any, merge: bool = True) -> None:
+    def set(self, key: str, value: Any, merge: bool = True, strict: bool = True) -> None:
+        """``key`` takes ``value`` (merged into a mapping there with ``merge``); ``strict``: every key of ``value``
+        must be one the command knows, as on the command line (a free-form node, null or ``{}``, takes any)."""
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             value = dataclasses.asdict(value)
-        self.values.append((key, value, merge))
+        self.values.append((key, value, merge, strict and merge))
 
     def group(self, group: str, value: Any) -> None:
         """``group=<name>`` for a string, the group's keys for a mapping (``name`` choosing the option)."""
@@ -95,10 +97,31 @@ class _Config:
         cfg = compose(command, self.groups)
         explicit = list(self.groups)
         with open_dict(cfg):
-            for key, value, merge in self.values:
+            for key, value, merge, strict in self.values:
+                if strict:
+                    _check_keys(command, cfg, key, value)
                 OmegaConf.update(cfg, key, value, merge=merge, force_add=True)
                 explicit += [f"{leaf}=" for leaf in _leaves(key, value)]
         return cfg, explicit
+
+
+def _check_keys(command: str, cfg: Any, key: str, value: Any) -> None:
+    """Every key of ``value`` (set at ``key``) is a key of the composed config, or lies under a free-form node."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from vlkit.cli import UsageError
+    from vlkit.registry import did_you_mean
+
+    for leaf in _leaves(key, value):
+        node, parts = cfg, leaf.split(".")
+        for depth, part in enumerate(parts):
+            if not isinstance(node, DictConfig) or not node:
+                break
+            if part not in node.keys():  # (`in` is False for a ??? value)
+                where = ".".join(parts[:depth])
+                raise UsageError(f"vlkit {command}: unknown key {leaf!r}{did_you_mean(part, list(node))} (keys of "
+                                 f"{where or 'the command'}: {', '.join(map(str, node))})")
+            node = None if OmegaConf.is_missing(node, part) else node[part]
 
 
 def _leaves(prefix: str, value: Any) -> list[str]:
@@ -145,7 +168,8 @@ def _data(config: _Config, data: Any, processor: Any, init: Any = None) -> None:
 
             recorded = read_run_info(init).get("data") if (Path(init) / "run.json").is_file() else None
             if recorded:
-                config.group("data", recorded)
+                config.groups.append(f"data={recorded['name']}")
+                config.set("data", recorded, strict=False)  # the keys the run resolved (image.path ...) too
         return
     if data is not None and not isinstance(data, (str, os.PathLike, Mapping)):
         if processor is None:

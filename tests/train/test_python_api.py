@@ -165,3 +165,15 @@ def test_pretrain_and_finetune_in_python_equal_the_command_line(tmp_path, cache)
     evaluated = vlkit.evaluate(py_ft, cache_dir=cache)
     assert evaluated.kind == "evaluate" and evaluated.metrics == py_ft.metrics
     assert evaluated.paths["eval"] == tmp_path / "py_ft" / "eval.json"
+
+
+def test_settings_the_command_does_not_know_are_refused_before_any_work(tmp_path, photos):
+    from vlkit.cli import UsageError
+
+    with pytest.raises(UsageError, match="unknown key 'trainer.max_step' \\(did you mean 'max_steps'"):
+        vlkit.pretrain("uniter/tiny", trainer={"max_step": 3}, output_dir=tmp_path / "a")
+    with pytest.raises(UsageError, match="unknown key 'compare.titel'"):
+        vlkit.compare(["uniter/tiny"], preset="smoke", titel="mine", output_dir=tmp_path / "b")
+    with pytest.raises(ValueError, match="image-text pairs need a processor"):
+        vlkit.pretrain("uniter/tiny", photos[1], output_dir=tmp_path / "c")
+    assert not any(tmp_path.iterdir())
