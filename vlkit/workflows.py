@@ -157,11 +157,12 @@ def _model(config: _Config, model: Any, stack: ExitStack) -> tuple[Any, str | No
     return None, None
 
 
-def _data(config: _Config, data: Any, processor: Any, init: Any = None) -> None:
+def _data(config: _Config, data: Any, processor: Any, init: Any = None, cache_dir: Any = None,
+          needs_pairs: bool = False) -> None:
     """Set ``data``: a data set name or config (``data=``), or image-text pairs (a list of ``(image, caption)``, of
     ``{image_id, caption}`` records as the dataset readers give them, or a torch Dataset of either) read through
-    ``processor``; the processor's tokenizer and images either way. Without either, a run (``init``) keeps the data
-    it was trained on."""
+    ``processor``; the processor's tokenizer and images either way (with no pairs when none are given and none are
+    needed: a task's own files). Without either, a run (``init``) keeps the data it was trained on."""
     if data is None and processor is None:
         if init is not None:
             from vlkit.train.pipeline import read_run_info
@@ -171,12 +172,18 @@ def _data(config: _Config, data: Any, processor: Any, init: Any = None) -> None:
                 config.groups.append(f"data={recorded['name']}")
                 config.set("data", recorded, strict=False)  # the keys the run resolved (image.path ...) too
         return
-    if data is not None and not isinstance(data, (str, os.PathLike, Mapping)):
+    if data is None:
+        if needs_pairs:
+            raise ValueError("pretrain: give the image-text pairs to pre-train on (data=): (image, caption) pairs, "
+                             "records, a Dataset, or a data set name or config")
+        config.groups.append("data=jsonl")
+        config.set("data.path", None)
+    elif not isinstance(data, (str, os.PathLike, Mapping)):
         if processor is None:
             raise ValueError("image-text pairs need a processor (vlkit.build_processor) to read their images and "
                              "text: build the model with processor=, or pass processor=")
         config.groups.append("data=jsonl")
-        config.set("data.path", str(pairs_file(data, processor)))
+        config.set("data.path", str(pairs_file(data, processor, cache_dir)))
     else:
         config.group("data", data)
     if processor is not None:
@@ -258,7 +265,7 @@ def pretrain(model: Any, data: Any = None, *, mix: Any = None, trainer: Any = No
     with ExitStack() as stack:
         attached, _ = _model(config, model, stack)
         processor = processor or attached
-        _data(config, data, processor)
+        _data(config, data, processor, cache_dir=cache_dir, needs_pairs=True)
         if isinstance(mix, (str, os.PathLike)):
             config.groups.append(f"objectives={os.fspath(mix)}")
         elif mix is not None:
@@ -283,7 +290,7 @@ def finetune(model: Any, data: Any = None, *, task: Any = "vqa", trainer: Any = 
     with ExitStack() as stack:
         attached, run = _model(config, model, stack)
         processor = processor or attached
-        _data(config, data, processor, run)
+        _data(config, data, processor, run, cache_dir)
         config.group("task", {"name": task} if isinstance(task, str) else task)
         if eval_splits is not None:
             config.set("eval_splits", list(eval_splits), merge=False)
@@ -299,7 +306,7 @@ def evaluate(run: Any, *, split: str | None = None, eval_splits: Sequence[str] |
              overrides: Sequence[str] | None = None) -> RunResult:
     """``vlkit evaluate``: score a `finetune` result or run folder (or a pre-training run zero-shot on
     ``task="retrieval"``) on ``split`` (else ``eval_splits``, default the run's ``[val]``). ``task``: a dict of
-    ``conf/task`` keys overriding the run's (the files of a test split); ``predictions``: a path to write the
+    ``conf/task`` keys overriding the run's (the files of a test split: ``{"files": {"test": {...}}}``); ``predictions``: a path to write the
     split's leaderboard file to; ``eval_options``: the task's scoring options. ``metrics``: ``<split>/<metric>``."""
     from vlkit.train.commands import evaluate as command
 
@@ -310,6 +317,10 @@ def evaluate(run: Any, *, split: str | None = None, eval_splits: Sequence[str] |
     if isinstance(task, str):
         config.groups.append(f"task={task}")
     elif task is not None:
+        if not task.get("name"):  # keys of the run's own task (``task=<its name>`` on the command line)
+            from vlkit.train.pipeline import read_run_info
+
+            task = {"name": read_run_info(run).get("task"), **task}
         config.group("task", task)
     for key, value in (("split", split), ("predictions", predictions), ("output", output),
                        ("cache_dir", cache_dir), ("threads", threads)):
@@ -345,7 +356,8 @@ def compare(runs: Sequence[Any] | None = None, data: Any = None, *, preset: str 
     config = _Config(overrides)
     config.groups.append(f"compare={os.fspath(preset)}")
     processors = [getattr(run, "processor", None) for run in runs or ()]
-    _data(config, data, next((p for p in processors if p is not None), None) if data is not None else None)
+    _data(config, data, next((p for p in processors if p is not None), None) if data is not None else None,
+          cache_dir=cache_dir)
     if runs is not None:
         config.set("compare.runs", [_run_spec(run) for run in runs], merge=False)
     for key, value in (("tasks", tasks), ("seeds", seeds)):

@@ -162,6 +162,10 @@ def test_pretrain_and_finetune_in_python_equal_the_command_line(tmp_path, cache)
     cli_metrics = json.loads((tmp_path / "cli_ft" / "run.json").read_text())["metrics"]
     assert py_ft.metrics == cli_metrics and "val/vqa" in cli_metrics
 
+    model, processor = vlkit.load_model_and_processor(tmp_path / "cli_ft")  # a command line run's, too
+    image = sorted(processor.image_source.store.ids())[0]
+    assert model(processor(images=[image], text=["a red circle"])).joint.shape[0] == 1
+
     evaluated = vlkit.evaluate(py_ft, cache_dir=cache)
     assert evaluated.kind == "evaluate" and evaluated.metrics == py_ft.metrics
     assert evaluated.paths["eval"] == tmp_path / "py_ft" / "eval.json"
@@ -177,3 +181,29 @@ def test_settings_the_command_does_not_know_are_refused_before_any_work(tmp_path
     with pytest.raises(ValueError, match="image-text pairs need a processor"):
         vlkit.pretrain("uniter/tiny", photos[1], output_dir=tmp_path / "c")
     assert not any(tmp_path.iterdir())
+
+
+def test_a_model_built_in_python_fine_tunes_on_vqa_files_and_writes_a_leaderboard_file(photos, vocab, cache, tmp_path):
+    folder, pairs = photos
+    questions = [{"image_id": k, "question": f"what is in photo {k}?", "question_id": 10 * k} for k in range(len(pairs))]
+    answers = [{"image_id": k, "question_id": 10 * k, "question_type": "what", "answer_type": "other",
+                "multiple_choice_answer": pairs[k][1].split()[1],
+                "answers": [{"answer": pairs[k][1].split()[1], "answer_id": n + 1} for n in range(10)]}
+               for k in range(len(pairs))]
+    (tmp_path / "q.json").write_text(json.dumps({"questions": questions}))
+    (tmp_path / "a.json").write_text(json.dumps({"annotations": answers}))
+    files = {"questions": str(tmp_path / "q.json"), "annotations": str(tmp_path / "a.json"), "image_id_format": "photo_{}"}
+    model = vlkit.build_model("meter", processor=vlkit.build_processor("meter/tiny", tokenizer=vocab, images=folder))
+    trainer = {"max_steps": 2, "batch_size": 4, "warmup": 1, "progress": False, "trackers": []}
+    with pytest.raises(ValueError, match="give the image-text pairs"):
+        vlkit.pretrain(model, trainer=trainer, output_dir=tmp_path / "none")
+    ft = vlkit.finetune(model, task={"name": "vqa", "source": "files", "files": {"train": files, "val": files}},
+                        trainer=trainer, output_dir=tmp_path / "vqa", cache_dir=cache)
+    assert set(ft.metrics) >= {"val/vqa", "val/vqa_blind_baseline"} and ft.record["data"]["path"] is None
+    assert ft.record["data"]["tokenizer"] == vocab and ft.record["data"]["image"]["source"] == "folder"
+    test = {k: v for k, v in files.items() if k != "annotations"}
+    written = vlkit.evaluate(ft, split="test", task={"files": {"test": test}}, predictions=tmp_path / "results.json")
+    assert written.metrics == {} and written.paths["predictions"] == tmp_path / "results.json"
+    assert sorted(r["question_id"] for r in json.loads((tmp_path / "results.json").read_text())) == [10 * k for k in range(8)]
+    model, processor = ft.load()
+    assert model(processor(images=["photo_1"], text=["what is in photo 1?"])).joint.shape[0] == 1
