@@ -28,11 +28,12 @@ class VLProcessor:
     """Images (file names or ids) and texts -> `VLBatch`, for the model family and preset it was built for.
 
     ``environment``: the `vlkit.train.pipeline.Environment` it reads through (tokenizer, image source, the data
-    config the commands take as ``data=``, the model config sized by the data); ``arguments``: the
-    `build_processor` arguments that rebuild it (written by `save_pretrained`)."""
+    config the commands take as ``data=``, the model config sized by the data); ``build``: the `build_processor`
+    arguments it was built with (None for a run's processor), which rebuild it where its cached feature store is
+    gone."""
 
-    def __init__(self, family: str, environment: Any, arguments: Mapping[str, Any]):
-        self.family, self.environment, self.arguments = family, environment, dict(arguments)
+    def __init__(self, family: str, environment: Any, build: Mapping[str, Any] | None = None):
+        self.family, self.environment, self.build = family, environment, None if build is None else dict(build)
         self.collator = _collator(environment.tokenizer)
 
     @property
@@ -61,7 +62,7 @@ class VLProcessor:
         from vlkit.train.pipeline import prepare_environment
 
         model_cfg = {"name": self.family, "preset": preset or self.preset, **overrides}
-        return prepare_environment(model_cfg, self.environment.data, self.arguments.get("cache_dir"),
+        return prepare_environment(model_cfg, self.environment.data, (self.build or {}).get("cache_dir"),
                                    progress=False).model
 
     def image_id(self, image: str | os.PathLike) -> str:
@@ -91,15 +92,17 @@ class VLProcessor:
         return self.collator([pairs[k] for k in range(len(pairs))])
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
-        """Write ``processor.json`` (the arguments that rebuild it) and the tokenizer (``tokenizer/``) into
-        ``directory``, beside a model's weights."""
+        """Write ``processor.json`` (its data config, and the arguments it was built with) and the tokenizer
+        (``tokenizer/``) into ``directory``, beside a model's weights."""
         from vlkit.data.tokenizers import save_tokenizer
         from vlkit.io import atomic_write_text
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         save_tokenizer(self.tokenizer, directory)
-        record = {**self.arguments, "family": self.family, "preset": self.preset, "tokenizer": "tokenizer"}
+        data = {k: v for k, v in self.environment.data.items() if k != "tokenizer"}
+        record = {"family": self.family, "preset": self.preset, "tokenizer": "tokenizer", "data": data,
+                  "build": self.build}
         atomic_write_text(directory / PROCESSOR_NAME, json.dumps(record, indent=2, sort_keys=True))
         return directory
 
@@ -149,14 +152,14 @@ def build_processor(family: str, tokenizer: str | os.PathLike | None = None, ima
     cls = MODELS.get(name)
     if images is None:
         raise ValueError("build_processor: images= names a folder of image files or a feature store (.h5)")
-    arguments = {"images": _absolute(images), "max_len": max_len, "detector": detector, "weights": _absolute(weights),
-                 "image": dict(image or {}), "cache_dir": _absolute(cache_dir)}
+    build = {"images": _absolute(images), "max_len": max_len, "detector": detector, "weights": _absolute(weights),
+             "image": dict(image or {}), "cache_dir": _absolute(cache_dir)}
     block = {**_image_block(cls.image_input, Path(images), detector, weights, cache_dir), **dict(image or {})}
     data = {"name": None, "tokenizer": None if tokenizer is None else str(tokenizer), "max_len": max_len,
             "on_error": "raise", "image": block}
-    env = prepare_environment({"name": name, "preset": preset or named_preset}, data, arguments["cache_dir"],
+    env = prepare_environment({"name": name, "preset": preset or named_preset}, data, build["cache_dir"],
                               progress=False)
-    return VLProcessor(name, env, {**arguments, "tokenizer": data["tokenizer"]})
+    return VLProcessor(name, env, build)
 
 
 def _absolute(path: str | os.PathLike | None) -> str | None:
@@ -198,29 +201,36 @@ def folder_features(folder: Path, detector: str = "shapes", weights: Any = None,
 
 
 def _read(path: Path) -> VLProcessor:
+    """The processor of a ``processor.json``: built again from its arguments (a folder's features come from the
+    cache, extracted again when gone), else from its data config."""
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-        family, preset, tokenizer = record.pop("family"), record.pop("preset"), record.pop("tokenizer")
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as err:
+        family, preset, data, build = record["family"], record["preset"], record["data"], record["build"]
+        tokenizer = str(path.parent / record["tokenizer"])
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
         raise ValueError(f"{path}: not a vlkit processor ({type(err).__name__}: {err})") from err
-    return build_processor(family, tokenizer=path.parent / tokenizer, preset=preset, **record)
+    if build is not None:
+        return build_processor(family, tokenizer=tokenizer, preset=preset, **build)
+    return _from_data({"name": family, "preset": preset}, {**data, "tokenizer": tokenizer})
+
+
+def _from_data(model_cfg: Mapping[str, Any], data: Mapping[str, Any], init: Any = None) -> VLProcessor:
+    from vlkit.models.base import split_model_config
+    from vlkit.train.pipeline import prepare_environment
+
+    env = prepare_environment(model_cfg, data, progress=False, init=init)
+    return VLProcessor(split_model_config(model_cfg)[0], env)
 
 
 def _from_run(directory: Path) -> VLProcessor:
     """The processor of a run's recorded data (its tokenizer folder, ``data.max_len`` and ``data.image``)."""
     from vlkit.data.tokenizers import run_tokenizer
-    from vlkit.models.base import split_model_config
-    from vlkit.train.pipeline import prepare_environment, read_run_info
+    from vlkit.train.pipeline import read_run_info
     from vlkit.train.preflight import read_init
 
-    info = read_run_info(directory)
+    data = read_run_info(directory)["data"]
     _, model_cfg = read_init(directory)
-    data = {**info["data"], "tokenizer": run_tokenizer(directory) or info["data"].get("tokenizer")}
-    env = prepare_environment(model_cfg, data, progress=False, init=directory)
-    name, _, _ = split_model_config(model_cfg)
-    return VLProcessor(name, env, {"images": data["image"].get("path"), "max_len": data.get("max_len", 62),
-                                   "detector": "shapes", "weights": None, "image": data["image"], "cache_dir": None,
-                                   "tokenizer": data["tokenizer"]})
+    return _from_data(model_cfg, {**data, "tokenizer": run_tokenizer(directory) or data.get("tokenizer")}, directory)
 
 
 def load_model_and_processor(directory: str | os.PathLike) -> tuple[Any, VLProcessor]:

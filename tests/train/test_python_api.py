@@ -165,6 +165,10 @@ def test_pretrain_and_finetune_in_python_equal_the_command_line(tmp_path, cache)
     model, processor = vlkit.load_model_and_processor(tmp_path / "cli_ft")  # a command line run's, too
     image = sorted(processor.image_source.store.ids())[0]
     assert model(processor(images=[image], text=["a red circle"])).joint.shape[0] == 1
+    model.save_pretrained(tmp_path / "again")  # with the processor it was loaded with
+    again, again_processor = vlkit.load_model_and_processor(tmp_path / "again")
+    assert again_processor(images=[image], text=["a red circle"]).input_ids.tolist() == \
+        processor(images=[image], text=["a red circle"]).input_ids.tolist()
 
     evaluated = vlkit.evaluate(py_ft, cache_dir=cache)
     assert evaluated.kind == "evaluate" and evaluated.metrics == py_ft.metrics
