@@ -186,8 +186,8 @@ def _data(config: _Config, data: Any, processor: Any, init: Any = None, cache_di
         config.set("data.path", str(pairs_file(data, processor, cache_dir)))
     else:
         config.group("data", data)
-    if processor is not None:
-        config.set("data", processor.data_config)
+    if processor is not None:  # keys vlkit resolved (a run's processor may hold its data set's own)
+        config.set("data", processor.data_config, strict=False)
 
 
 def pairs_file(pairs: Any, processor: Any, cache_dir: Any = None) -> Path:
