@@ -140,8 +140,10 @@ def _model(config: _Config, model: Any, stack: ExitStack) -> tuple[Any, str | No
     """Set the model of a pretrain / finetune: a name or model config (``model=``), a run's folder or result
     (``init=``), or a model built in Python (saved into a temporary folder that ``init=`` names). Returns (the
     model's processor or None, the run's folder or None)."""
-    from vlkit.models.base import VLModel
+    from vlkit.models.base import ModelConfig, VLModel
 
+    if isinstance(model, ModelConfig):
+        model = {"name": model.family, **model.to_dict()}
     if isinstance(model, VLModel):
         folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="vlkit-model-"))
         model.save_pretrained(folder)
