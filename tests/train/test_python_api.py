@@ -211,3 +211,12 @@ def test_a_model_built_in_python_fine_tunes_on_vqa_files_and_writes_a_leaderboar
     assert sorted(r["question_id"] for r in json.loads((tmp_path / "results.json").read_text())) == [10 * k for k in range(8)]
     model, processor = ft.load()
     assert model(processor(images=["photo_1"], text=["what is in photo 1?"])).joint.shape[0] == 1
+
+
+def test_a_mix_may_be_given_as_objective_ratios():
+    from vlkit.objectives.mix import load_mix
+
+    assert load_mix({"mlm": 2, "itm": {"ratio": 1, "split": "half"}}) == {
+        "objectives": {"mlm": {"ratio": 2}, "itm": {"ratio": 1, "split": "half"}}}
+    with pytest.raises(KeyError, match="mlmm.*short form"):
+        load_mix({"mlmm": 1})

@@ -76,7 +76,9 @@ def load_mix(mix: Any) -> dict[str, Any]:
                               for name, value in mix.items()}}
     unknown = sorted(set(mix) - set(MIX_KEYS))
     if unknown:
-        raise KeyError(f"objective mix: unknown key(s) {', '.join(unknown)}; keys: {', '.join(MIX_KEYS)}")
+        short = f", or the short form {{objective: ratio}} of the objectives {', '.join(OBJECTIVES.names())}"
+        raise KeyError(f"objective mix: unknown key(s) {', '.join(unknown)}; keys: {', '.join(MIX_KEYS)}"
+                       f"{short if not set(mix) & set(MIX_KEYS) else ''}")
     if not mix.get("objectives"):
         raise KeyError("objective mix: 'objectives' is empty")
     return dict(mix)
