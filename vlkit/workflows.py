@@ -65,14 +65,15 @@ class _Config:
 
     def __init__(self, overrides: Sequence[str] | None = None):
         self.groups: list[str] = list(overrides or ())
-        self.values: list[tuple[str, Any, bool, bool]] = []  # (key, value, merge into the composed value, strict)
+        self.values: list[tuple[str, Any, bool, bool | str]] = []  # (key, value, merge, strict)
 
-    def set(self, key: str, value: Any, merge: bool = True, strict: bool = True) -> None:
+    def set(self, key: str, value: Any, merge: bool = True, strict: bool | str = True) -> None:
         """``key`` takes ``value`` (merged into a mapping there with ``merge``); ``strict``: every key of ``value``
-        must be one the command knows, as on the command line (a free-form node, null or ``{}``, takes any)."""
+        must be one the command knows, as on the command line (a free-form node, null or ``{}``, takes any);
+        ``"key"``: ``key`` itself must be (its value is a free-form mapping: ``compare.task_overrides``)."""
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             value = dataclasses.asdict(value)
-        self.values.append((key, value, merge, strict and merge))
+        self.values.append((key, value, merge, strict))
 
     def group(self, group: str, value: Any) -> None:
         """``group=<name>`` for a string, the group's keys for a mapping (``name`` choosing the option)."""
@@ -98,8 +99,8 @@ class _Config:
         explicit = list(self.groups)
         with open_dict(cfg):
             for key, value, merge, strict in self.values:
-                if strict:
-                    _check_keys(command, cfg, key, value)
+                if strict == "key" or (strict and merge):
+                    _check_keys(command, cfg, key, None if strict == "key" else value)
                 OmegaConf.update(cfg, key, value, merge=merge, force_add=True)
                 explicit += [f"{leaf}=" for leaf in _leaves(key, value)]
         return cfg, explicit
@@ -367,7 +368,7 @@ def compare(runs: Sequence[Any] | None = None, data: Any = None, *, preset: str 
             config.set(f"compare.{key}", list(value), merge=False)
     for key, value in (("budget", budget), ("trainer", trainer), *settings.items()):
         if value is not None:
-            config.set(f"compare.{key}", value)
+            config.set(f"compare.{key}", value, strict="key")
     out = _output_dir("compare", output_dir)
     config.set("output_dir", out)
     for key, value in (("workers", workers), ("threads", threads), ("cache_dir", cache_dir)):

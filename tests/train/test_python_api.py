@@ -220,3 +220,16 @@ def test_a_mix_may_be_given_as_objective_ratios():
         "objectives": {"mlm": {"ratio": 2}, "itm": {"ratio": 1, "split": "half"}}}
     with pytest.raises(KeyError, match="mlmm.*short form"):
         load_mix({"mlmm": 1})
+
+
+def test_compare_runs_the_comparison_of_the_runs_given(tmp_path, cache):
+    result = vlkit.compare(["uniter/tiny", "meter/tiny"], preset="smoke", tasks=["vqa"], seeds=[0], baseline=False,
+                           zero_shot=False, itm_pairs=8, title="two runs", data={"num_images": 24, "val_images": 8},
+                           output_dir=tmp_path / "cmp", workers=1, cache_dir=cache)
+    assert result.output_dir == tmp_path / "cmp" and "# vlkit compare: two runs" in result.table
+    assert sorted((r["run"], r["variant"]) for r in result.records) == [("meter_tiny", "pretrained"),
+                                                                        ("uniter_tiny", "pretrained")]
+    assert all(0 <= r["vqa"] <= 100 for r in result.records)
+    plan = json.loads((tmp_path / "cmp" / "plan.json").read_text())
+    assert [run["model"] for run in plan["config"]["compare"]["runs"]] == [{"name": "uniter", "preset": "tiny"},
+                                                                          {"name": "meter", "preset": "tiny"}]
