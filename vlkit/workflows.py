@@ -240,7 +240,7 @@ def _common(config: _Config, command: str, trainer: Any, output_dir: Any, seed: 
     return out
 
 
-def _run_result(kind: str, output_dir: str | Path, paths: Mapping[str, Path] | None = None) -> RunResult:
+def _run_result(kind: str, output_dir: str | Path) -> RunResult:
     from vlkit.train.pipeline import read_run_info
     from vlkit.train.trainer import read_metrics
 
@@ -249,7 +249,7 @@ def _run_result(kind: str, output_dir: str | Path, paths: Mapping[str, Path] | N
     history = read_metrics(output_dir) if (output_dir / "metrics.jsonl").is_file() else []
     metrics = record.get("metrics") or (history[-1] if history else {})
     files = {"model": output_dir / "model", "tokenizer": output_dir / "tokenizer", "run": output_dir / "run.json",
-             "metrics": output_dir / "metrics.jsonl", "checkpoints": output_dir / "checkpoints", **(paths or {})}
+             "metrics": output_dir / "metrics.jsonl", "checkpoints": output_dir / "checkpoints"}
     return RunResult(kind, output_dir, dict(metrics), history, record, {k: v for k, v in files.items() if v.exists()})
 
 
@@ -258,7 +258,7 @@ def pretrain(model: Any, data: Any = None, *, mix: Any = None, trainer: Any = No
              threads: int | None = None, overrides: Sequence[str] | None = None) -> RunResult:
     """``vlkit pretrain``: pre-train ``model`` (a model built in Python, a name such as ``"uniter/tiny"``, a model
     config, or a run to continue from) on ``data`` (image-text pairs read through the model's processor, a data
-    set name or config; None: the processor's pairs are required, else ``data=shapes``) with the objective mix
+    set name or config; None: a run's own data, else ``data=shapes``) with the objective mix
     ``mix`` (None: the family's own; a preset name, a YAML path, a mix dict or ``{objective: ratio}``) and
     ``trainer`` (a `TrainerConfig`, a dict of its keys or a recipe name). ``output_dir``: default
     ``outputs/pretrain/<time>``."""
@@ -266,9 +266,9 @@ def pretrain(model: Any, data: Any = None, *, mix: Any = None, trainer: Any = No
 
     config = _Config(overrides)
     with ExitStack() as stack:
-        attached, _ = _model(config, model, stack)
+        attached, run = _model(config, model, stack)
         processor = processor or attached
-        _data(config, data, processor, cache_dir=cache_dir, needs_pairs=True)
+        _data(config, data, processor, run, cache_dir, needs_pairs=True)
         if isinstance(mix, (str, os.PathLike)):
             config.groups.append(f"objectives={os.fspath(mix)}")
         elif mix is not None:
