@@ -240,6 +240,17 @@ def _common(config: _Config, command: str, trainer: Any, output_dir: Any, seed: 
     return out
 
 
+def _run(command: Any, cfg: Any, overrides: list[str]) -> int:
+    """``command(cfg, overrides=...)``, the caller's torch thread count kept (a command sets its own: ``threads=``)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        return command(cfg, overrides=overrides)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _run_result(kind: str, output_dir: str | Path) -> RunResult:
     from vlkit.train.pipeline import read_run_info
     from vlkit.train.trainer import read_metrics
@@ -274,8 +285,7 @@ def pretrain(model: Any, data: Any = None, *, mix: Any = None, trainer: Any = No
         elif mix is not None:
             config.set("objectives", dict(mix), merge=False)
         out = _common(config, "pretrain", trainer, output_dir, seed, resume, cache_dir, threads)
-        cfg, explicit = config.compose("pretrain")
-        command(cfg, overrides=explicit)
+        _run(command, *config.compose("pretrain"))
     return _run_result("pretrain", out)
 
 
@@ -298,8 +308,7 @@ def finetune(model: Any, data: Any = None, *, task: Any = "vqa", trainer: Any = 
         if eval_splits is not None:
             config.set("eval_splits", list(eval_splits), merge=False)
         out = _common(config, "finetune", trainer, output_dir, seed, resume, cache_dir, threads)
-        cfg, explicit = config.compose("finetune")
-        command(cfg, overrides=explicit)
+        _run(command, *config.compose("finetune"))
     return _run_result("finetune", out)
 
 
@@ -334,7 +343,7 @@ def evaluate(run: Any, *, split: str | None = None, eval_splits: Sequence[str] |
     if eval_options:
         config.set("eval_options", dict(eval_options))
     cfg, explicit = config.compose("evaluate")
-    command(cfg, overrides=explicit)
+    _run(command, cfg, explicit)
     written = Path(cfg.get("output") or Path(cfg.checkpoint) / "eval.json")
     result = _run_result("evaluate", cfg.checkpoint)
     metrics = json.loads(written.read_text(encoding="utf-8")) if written.is_file() else {}
@@ -377,7 +386,7 @@ def compare(runs: Sequence[Any] | None = None, data: Any = None, *, preset: str 
     if resume:
         config.set("resume", True)
     cfg, _ = config.compose("compare")
-    code = main(cfg, overrides=config.groups)
+    code = _run(main, cfg, config.groups)
     output = Path(out)
     results = json.loads((output / "results.json").read_text(encoding="utf-8")) \
         if (output / "results.json").is_file() else {}
