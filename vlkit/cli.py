@@ -264,7 +264,7 @@ def command_help(command: str) -> str:
     options = _group_options(command)
     if options:
         lines += ["", "choices (group=option):"]
-        notes = {"model": "  (<family> builds its tiny preset, <family>_<preset> another)",
+        notes = {"model": "  (<family> builds its tiny preset, <family>/<preset> or <family>_<preset> another)",
                  "objectives": "  (or a path to a mix .yaml; null: the family's own mix)",
                  "compare": "  (or a path to a comparison .yaml)"}
         for group, names in options.items():
