@@ -251,11 +251,14 @@ def _run(command: Any, cfg: Any, overrides: list[str]) -> int:
         torch.set_num_threads(threads)
 
 
-def _run_result(kind: str, output_dir: str | Path) -> RunResult:
+def _run_result(kind: str, output_dir: str | Path, processor: Any = None) -> RunResult:
+    """The result of the run in ``output_dir``; the ``processor`` it was given is saved beside its model."""
     from vlkit.train.pipeline import read_run_info
     from vlkit.train.trainer import read_metrics
 
     output_dir = Path(output_dir)
+    if processor is not None:
+        processor.save_pretrained(output_dir / "model")
     record = read_run_info(output_dir)
     history = read_metrics(output_dir) if (output_dir / "metrics.jsonl").is_file() else []
     metrics = record.get("metrics") or (history[-1] if history else {})
@@ -286,7 +289,7 @@ def pretrain(model: Any, data: Any = None, *, mix: Any = None, trainer: Any = No
             config.set("objectives", dict(mix), merge=False)
         out = _common(config, "pretrain", trainer, output_dir, seed, resume, cache_dir, threads)
         _run(command, *config.compose("pretrain"))
-    return _run_result("pretrain", out)
+    return _run_result("pretrain", out, processor)
 
 
 def finetune(model: Any, data: Any = None, *, task: Any = "vqa", trainer: Any = None, output_dir: Any = None,
@@ -309,7 +312,7 @@ def finetune(model: Any, data: Any = None, *, task: Any = "vqa", trainer: Any = 
             config.set("eval_splits", list(eval_splits), merge=False)
         out = _common(config, "finetune", trainer, output_dir, seed, resume, cache_dir, threads)
         _run(command, *config.compose("finetune"))
-    return _run_result("finetune", out)
+    return _run_result("finetune", out, processor)
 
 
 def evaluate(run: Any, *, split: str | None = None, eval_splits: Sequence[str] | None = None, task: Any = None,

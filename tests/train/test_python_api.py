@@ -205,6 +205,7 @@ def test_a_model_built_in_python_fine_tunes_on_vqa_files_and_writes_a_leaderboar
                         trainer=trainer, output_dir=tmp_path / "vqa", cache_dir=cache)
     assert set(ft.metrics) >= {"val/vqa", "val/vqa_blind_baseline"} and ft.record["data"]["path"] is None
     assert ft.record["data"]["tokenizer"] == vocab and ft.record["data"]["image"]["source"] == "folder"
+    assert (ft.output_dir / "model" / "processor.json").is_file()  # the processor travels with the run's model
     test = {k: v for k, v in files.items() if k != "annotations"}
     written = vlkit.evaluate(ft, split="test", task={"files": {"test": test}}, predictions=tmp_path / "results.json")
     assert written.metrics == {} and written.paths["predictions"] == tmp_path / "results.json"
