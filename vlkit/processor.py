@@ -83,7 +83,8 @@ class VLProcessor:
             images = [images]
         if len(images) != len(text):
             raise ValueError(f"processor: {len(images)} image(s) and {len(text)} text(s); give one text per image")
-        records = [{"id": str(k), "image_id": self.image_id(i), "caption": t} for k, (i, t) in enumerate(zip(images, text))]
+        records = [{"id": str(k), "image_id": self.image_id(image), "caption": caption}
+                   for k, (image, caption) in enumerate(zip(images, text))]
         return ImageTextPairs(records, self.tokenizer, self.image_source, max_len=self.environment.data["max_len"])
 
     def __call__(self, images: Sequence[Any], text: Sequence[str]) -> VLBatch:

@@ -321,7 +321,8 @@ def evaluate(run: Any, *, split: str | None = None, eval_splits: Sequence[str] |
              overrides: Sequence[str] | None = None) -> RunResult:
     """``vlkit evaluate``: score a `finetune` result or run folder (or a pre-training run zero-shot on
     ``task="retrieval"``) on ``split`` (else ``eval_splits``, default the run's ``[val]``). ``task``: a dict of
-    ``conf/task`` keys overriding the run's (the files of a test split: ``{"files": {"test": {...}}}``); ``predictions``: a path to write the
+    ``conf/task`` keys overriding the run's (the files of a test split: ``{"files": {"test": {...}}}``);
+    ``predictions``: a path to write the
     split's leaderboard file to; ``eval_options``: the task's scoring options. ``metrics``: ``<split>/<metric>``."""
     from vlkit.train.commands import evaluate as command
 
@@ -357,7 +358,8 @@ def evaluate(run: Any, *, split: str | None = None, eval_splits: Sequence[str] |
 
 
 def compare(runs: Sequence[Any] | None = None, data: Any = None, *, preset: str = "default",
-            tasks: Sequence[str] | None = None, seeds: Sequence[int] | None = None, budget: Mapping[str, Any] | None = None,
+            tasks: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
+            budget: Mapping[str, Any] | None = None,
             trainer: Mapping[str, Any] | None = None, output_dir: Any = None, workers: int | None = None,
             threads: int | None = None, cache_dir: Any = None, resume: bool = False,
             overrides: Sequence[str] | None = None, **settings: Any) -> ComparisonResult:

@@ -83,10 +83,11 @@ def test_a_processor_sizes_the_model_and_travels_with_it(family, photos, vocab, 
     assert torch.isfinite(vlkit.build_pretraining(model)(batch, step=0).loss)
 
     model.save_pretrained(tmp_path / "saved")
-    assert {"config.json", "model.safetensors", "processor.json", "tokenizer"} <= {p.name for p in (tmp_path / "saved").iterdir()}
+    saved = {p.name for p in (tmp_path / "saved").iterdir()}
+    assert {"config.json", "model.safetensors", "processor.json", "tokenizer"} <= saved
     loaded, loaded_processor = vlkit.load_model_and_processor(tmp_path / "saved")
-    torch.testing.assert_close(loaded.eval()(loaded_processor(images=["photo_0.png", "photo_3"], text=[pairs[0][1], pairs[3][1]])).joint,
-                               out.joint)
+    again = loaded_processor(images=["photo_0.png", "photo_3"], text=[pairs[0][1], pairs[3][1]])
+    torch.testing.assert_close(loaded.eval()(again).joint, out.joint)
 
     with pytest.raises(KeyError, match="photo_99"):
         processor(images=["photo_99.png"], text=["nothing"])
@@ -145,7 +146,8 @@ def test_pretrain_and_finetune_in_python_equal_the_command_line(tmp_path, cache)
     trainer = {"max_steps": 3, "batch_size": 4, "warmup": 1, "progress": False, "trackers": [], "lr": 1e-3}
     mix = {"mlm": 2, "itm": 1}
     data = {"name": "shapes", "num_images": 30}
-    py_pre = vlkit.pretrain("uniter/tiny", data, mix=mix, trainer=trainer, output_dir=tmp_path / "py_pre", cache_dir=cache)
+    py_pre = vlkit.pretrain("uniter/tiny", data, mix=mix, trainer=trainer, output_dir=tmp_path / "py_pre",
+                            cache_dir=cache)
     (tmp_path / "mix.yaml").write_text("mlm: 2\nitm: 1\n")
     flags = [f"cache_dir={cache}", "data.num_images=30", "trainer.max_steps=3", "trainer.batch_size=4",
              "trainer.warmup=1", "trainer.progress=false", "trainer.trackers=[]", "trainer.lr=1e-3"]
@@ -189,14 +191,16 @@ def test_settings_the_command_does_not_know_are_refused_before_any_work(tmp_path
 
 def test_a_model_built_in_python_fine_tunes_on_vqa_files_and_writes_a_leaderboard_file(photos, vocab, cache, tmp_path):
     folder, pairs = photos
-    questions = [{"image_id": k, "question": f"what is in photo {k}?", "question_id": 10 * k} for k in range(len(pairs))]
+    questions = [{"image_id": k, "question": f"what is in photo {k}?", "question_id": 10 * k}
+                 for k in range(len(pairs))]
     answers = [{"image_id": k, "question_id": 10 * k, "question_type": "what", "answer_type": "other",
                 "multiple_choice_answer": pairs[k][1].split()[1],
                 "answers": [{"answer": pairs[k][1].split()[1], "answer_id": n + 1} for n in range(10)]}
                for k in range(len(pairs))]
     (tmp_path / "q.json").write_text(json.dumps({"questions": questions}))
     (tmp_path / "a.json").write_text(json.dumps({"annotations": answers}))
-    files = {"questions": str(tmp_path / "q.json"), "annotations": str(tmp_path / "a.json"), "image_id_format": "photo_{}"}
+    files = {"questions": str(tmp_path / "q.json"), "annotations": str(tmp_path / "a.json"),
+             "image_id_format": "photo_{}"}
     model = vlkit.build_model("meter", processor=vlkit.build_processor("meter/tiny", tokenizer=vocab, images=folder))
     trainer = {"max_steps": 2, "batch_size": 4, "warmup": 1, "progress": False, "trackers": []}
     with pytest.raises(ValueError, match="give the image-text pairs"):
@@ -209,7 +213,8 @@ def test_a_model_built_in_python_fine_tunes_on_vqa_files_and_writes_a_leaderboar
     test = {k: v for k, v in files.items() if k != "annotations"}
     written = vlkit.evaluate(ft, split="test", task={"files": {"test": test}}, predictions=tmp_path / "results.json")
     assert written.metrics == {} and written.paths["predictions"] == tmp_path / "results.json"
-    assert sorted(r["question_id"] for r in json.loads((tmp_path / "results.json").read_text())) == [10 * k for k in range(8)]
+    predicted = json.loads((tmp_path / "results.json").read_text())
+    assert sorted(r["question_id"] for r in predicted) == [10 * k for k in range(8)]
     model, processor = ft.load()
     assert model(processor(images=["photo_1"], text=["what is in photo 1?"])).joint.shape[0] == 1
 
