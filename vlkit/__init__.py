@@ -4,6 +4,9 @@
     model = vlkit.build_model("uniter", preset="tiny")
     out = model(model.example_batch(batch_size=2))
 
+Composing in Python: `build_processor` (a `VLProcessor`: tokenizer, images, collator) sizes `build_model`;
+`pretrain`, `finetune`, `evaluate` and `compare` run the commands' own code (docs/python.md).
+
 The extension API (a new family in its own package, found through the ``vlkit.plugins`` entry point):
 `register_model` with `VLModel` / `ModelConfig`, `register_head` with the head bases (`Head`,
 `JointClassifier`, `PairClassifier`, `RegionScorer`, `RankHead`), `register_objective` with
@@ -13,6 +16,8 @@ Names other than the registries and the contracts load on first use, so ``import
 from __future__ import annotations
 
 import importlib
+import sys
+from types import ModuleType
 from typing import Any
 
 from vlkit.registry import (CONVERTERS, DATASETS, ENCODERS, HEADS, MODELS, OBJECTIVES, TASKS, Registry,
@@ -37,10 +42,43 @@ _LAZY = {
     **dict.fromkeys(("list_models", "build_model", "from_pretrained", "list_pretrained", "list_objectives",
                      "build_objective", "build_pretraining", "list_tasks", "build_task"), "vlkit.api"),
     **dict.fromkeys(("PretrainedWeights", "register_pretrained"), "vlkit.released"),
+    **dict.fromkeys(("VLProcessor", "build_processor", "load_model_and_processor"), "vlkit.processor"),
+    **dict.fromkeys(("pretrain", "finetune", "evaluate", "RunResult", "ComparisonResult"),
+                    "vlkit.workflows"),
+    **dict.fromkeys(("ImageTextPairs", "VLCollator", "build_pairs", "build_tokenizer", "build_image_source"),
+                    "vlkit.data"),
+    "TrainerConfig": "vlkit.train",
 }
 
 
+# public functions named like a subpackage: ``vlkit.compare(...)`` calls the function, and ``vlkit.compare`` stays the
+# package (``vlkit.compare.flops``, ``from vlkit.compare import main``)
+_CALLABLE_PACKAGES = {"compare": "vlkit.workflows"}
+
+
+class _CallablePackage(ModuleType):
+    """A subpackage that is also the function of the same name (`_CALLABLE_PACKAGES`)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        name = self.__name__.rpartition(".")[2]
+        return getattr(importlib.import_module(_CALLABLE_PACKAGES[name]), name)(*args, **kwargs)
+
+
+class _Package(ModuleType):
+    """The type of the ``vlkit`` module: a subpackage of `_CALLABLE_PACKAGES`, once imported, becomes callable."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _CALLABLE_PACKAGES and type(value) is ModuleType:
+            value.__class__ = _CallablePackage
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
 def __getattr__(name: str) -> Any:
+    if name in _CALLABLE_PACKAGES:
+        return importlib.import_module(f"{__name__}.{name}")  # importing it sets it here, callable
     if name not in _LAZY:
         raise AttributeError(f"module 'vlkit' has no attribute {name!r}")
     return getattr(importlib.import_module(_LAZY[name]), name)
@@ -51,5 +89,5 @@ __all__ = [
     "register_converter", "register_dataset", "register_encoder", "register_head", "register_model",
     "register_objective", "register_task",
     "Encoded", "LossOutput", "VLBatch", "VLOutput",
-    "__version__", *_LAZY,
+    "__version__", *_LAZY, *_CALLABLE_PACKAGES,
 ]

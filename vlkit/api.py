@@ -19,13 +19,30 @@ def list_models(presets: bool = False) -> list[str]:
     return MODELS.names()
 
 
-def build_model(name_or_cfg: Any, preset: str | None = None, pretrained: str | None = None, **overrides: Any):
-    """Build a model: ``build_model("uniter", preset="base", num_hidden_layers=6)``, ``build_model(cfg)``, or
-    with the named released weights it was converted from: ``build_model("uniter", pretrained="base.official")``
-    (`list_pretrained`)."""
-    from vlkit.models.base import build_model as _build
+def build_model(name_or_cfg: Any, preset: str | None = None, pretrained: str | None = None, processor: Any = None,
+                **overrides: Any):
+    """Build a model: ``build_model("uniter", preset="base", num_hidden_layers=6)``, ``build_model("uniter/tiny")``
+    (any name `list_models` gives), ``build_model(cfg)``, or with the named released weights it was converted
+    from: ``build_model("uniter", pretrained="base.official")`` (`list_pretrained`). With a `VLProcessor`
+    (`build_processor`) the data decides the sizes it decides on the command line (vocabulary, region feature and
+    class sizes; the preset defaults to the processor's), and the model keeps the processor (``model.processor``:
+    `save_pretrained` writes it beside the weights)."""
+    from vlkit.models.base import build_model as _build, model_name, split_model_config
 
-    return _build(name_or_cfg, preset=preset, pretrained=pretrained, **overrides)
+    if processor is None:
+        return _build(name_or_cfg, preset=preset, pretrained=pretrained, **overrides)
+    if pretrained is not None:
+        raise ValueError("build_model: pretrained= fixes the model's sizes; a processor= cannot size it")
+    if isinstance(name_or_cfg, str):
+        name, named_preset = model_name(name_or_cfg)
+    else:
+        name, named_preset, given = split_model_config(name_or_cfg)
+        overrides = {**given, **overrides}
+    if name != processor.family:
+        raise ValueError(f"build_model: the processor was built for {processor.family}, not {name}")
+    model = _build(processor.model_config(preset or named_preset, **overrides))
+    model.processor = processor
+    return model
 
 
 def list_pretrained(family: str | None = None, available: bool = False) -> list[str]:

@@ -157,7 +157,13 @@ def _missing_option(command: str, err: Any) -> UsageError:
     group, _, option = missing.rpartition("/")
     if not group:
         return UsageError(f"vlkit {command}: {str(err).splitlines()[0]}")
+    if group.startswith("model/"):  # model=<family>/<preset>
+        group, option = "model", f"{group.partition('/')[2]}/{option}"
     options = sorted(o for o in (getattr(err, "options", None) or []) if not o.startswith("file_"))
+    if group == "model":
+        from vlkit.models.base import list_presets
+
+        options = sorted({*options, *list_presets()})
     extra = " or a path to a .yaml file of that format" if group in ("objectives", "compare") else ""
     return UsageError(f"vlkit {command}: unknown {group} {option!r}{_suggest(option, options, f'{group}=')} "
                       f"Choose {group}= from: {', '.join(options)}{extra}.")
@@ -258,7 +264,7 @@ def command_help(command: str) -> str:
     options = _group_options(command)
     if options:
         lines += ["", "choices (group=option):"]
-        notes = {"model": "  (<family> builds its tiny preset, <family>_<preset> another)",
+        notes = {"model": "  (<family> builds its tiny preset, <family>/<preset> or <family>_<preset> another)",
                  "objectives": "  (or a path to a mix .yaml; null: the family's own mix)",
                  "compare": "  (or a path to a comparison .yaml)"}
         for group, names in options.items():

@@ -303,7 +303,8 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
         return self.config.to_dict()
 
     def save_pretrained(self, directory: str | Path) -> Path:
-        """Write ``config.json`` and ``model.safetensors`` (each atomically) into ``directory``."""
+        """Write ``config.json`` and ``model.safetensors`` (each atomically) into ``directory``, and the model's
+        processor (``processor.json`` and ``tokenizer/``) when it has one (`vlkit.build_model(processor=)`)."""
         from vlkit.version import __version__
 
         directory = Path(directory)
@@ -311,6 +312,8 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
         save_weights(self, directory / WEIGHTS_NAME, metadata={"family": self.family, "format": "pt"})
         meta = {"family": self.family, "vlkit_version": __version__, "config": self.config_to_save()}
         atomic_write_text(directory / CONFIG_NAME, json.dumps(meta, indent=2, sort_keys=True))
+        if getattr(self, "processor", None) is not None:
+            self.processor.save_pretrained(directory)
         return directory
 
 
@@ -346,8 +349,23 @@ def build_model(name_or_cfg: Any, preset: str | None = None, pretrained: str | N
     if isinstance(name_or_cfg, Mapping) or hasattr(name_or_cfg, "keys"):
         name, cfg_preset, cfg_overrides = split_model_config(name_or_cfg)
         return build_model(name, preset or cfg_preset, **{**cfg_overrides, **overrides})
-    cls = MODELS.get(name_or_cfg)
-    return cls(cls.config_class.from_preset(preset, **overrides))
+    name, named_preset = model_name(name_or_cfg)
+    if preset is not None and named_preset is not None and preset != named_preset:
+        raise ValueError(f"build_model: {name_or_cfg!r} names preset {named_preset!r}, not preset={preset!r}")
+    cls = MODELS.get(name)
+    return cls(cls.config_class.from_preset(preset or named_preset, **overrides))
+
+
+def model_name(name: str) -> tuple[str, str | None]:
+    """(family, preset or None) of a model name: a family (``uniter``), or a preset as `list_presets` names it
+    (``uniter/tiny``) or as ``model=`` does (``uniter_tiny``). An unknown name is left for the registry to refuse."""
+    if name in MODELS.names():
+        return name, None
+    for family in MODELS.names():
+        for preset in MODELS.get(family).config_class.presets:
+            if name in (f"{family}/{preset}", f"{family}_{preset}"):
+                return family, preset
+    return name, None
 
 
 def load_pretrained(family: Any, tag: str, preset: str | None = None, overrides: Mapping[str, Any] | None = None
@@ -425,10 +443,13 @@ def hydra_node(name: str, preset: str | None = None) -> dict[str, Any]:
 
 def register_hydra_configs() -> None:
     """Store every registered family (plugins included) in Hydra's ConfigStore: ``model/<family>``
-    (``model=uniter``) and ``model/<family>_<preset>`` (``model=uniter_base``), both derived from the
-    family's config dataclass (`hydra_node`)."""
+    (``model=uniter``), ``model/<family>_<preset>`` (``model=uniter_base``) and ``model/<family>/<preset>``
+    (``model=uniter/base``: the names `list_presets` gives), all derived from the family's config dataclass
+    (`hydra_node`)."""
     from vlkit.io import store_configs
 
     for name in MODELS.names():
+        presets = MODELS.get(name).config_class.presets
         store_configs("model", {name: hydra_node(name), **{f"{name}_{preset}": hydra_node(name, preset)
-                                                          for preset in MODELS.get(name).config_class.presets}})
+                                                          for preset in presets}})
+        store_configs(f"model/{name}", {preset: hydra_node(name, preset) for preset in presets})

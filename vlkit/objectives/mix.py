@@ -54,7 +54,9 @@ class Unit:
 
 
 def load_mix(mix: Any) -> dict[str, Any]:
-    """A mix as a plain dict: a preset name (``conf/objectives/<name>.yaml``), a YAML path, or a mapping."""
+    """A mix as a plain dict: a preset name (``conf/objectives/<name>.yaml``), a YAML path, or a mapping; a
+    mapping of objective names only is the short form ``{objective: ratio or options}`` of its ``objectives``
+    (``{"mlm": 2, "itm": 1}``: one of them per step, drawn 2:1)."""
     from omegaconf import DictConfig, OmegaConf
 
     if isinstance(mix, (str, Path)):
@@ -69,9 +71,14 @@ def load_mix(mix: Any) -> dict[str, Any]:
         mix = OmegaConf.to_container(mix, resolve=True)
     if not isinstance(mix, Mapping):
         raise TypeError(f"an objective mix is a preset name or a mapping, not {type(mix).__name__}")
+    if mix and not set(mix) & set(MIX_KEYS) and set(mix) <= set(OBJECTIVES.names()):  # {objective: ratio}
+        mix = {"objectives": {name: {"ratio": value} if isinstance(value, (int, float)) else value
+                              for name, value in mix.items()}}
     unknown = sorted(set(mix) - set(MIX_KEYS))
     if unknown:
-        raise KeyError(f"objective mix: unknown key(s) {', '.join(unknown)}; keys: {', '.join(MIX_KEYS)}")
+        short = f", or the short form {{objective: ratio}} of the objectives {', '.join(OBJECTIVES.names())}"
+        raise KeyError(f"objective mix: unknown key(s) {', '.join(unknown)}; keys: {', '.join(MIX_KEYS)}"
+                       f"{short if not set(mix) & set(MIX_KEYS) else ''}")
     if not mix.get("objectives"):
         raise KeyError("objective mix: 'objectives' is empty")
     return dict(mix)
