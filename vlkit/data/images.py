@@ -186,9 +186,15 @@ def _image_source(cfg: Mapping[str, Any], world: Any = None):
     if kind == "features":
         if not cfg.get("path"):
             raise ValueError("data.image.path must name a feature store (.h5) when data.image.source=features")
-        return RegionSource(cfg["path"], num_bb=cfg.get("num_bb"), conf_th=cfg.get("conf_th", 0.2),
-                            max_bb=cfg.get("max_bb", 100), min_bb=cfg.get("min_bb", 10),
-                            global_feature=bool(cfg.get("global_feature", False)))
+        source = RegionSource(cfg["path"], num_bb=cfg.get("num_bb"), conf_th=cfg.get("conf_th", 0.2),
+                              max_bb=cfg.get("max_bb", 100), min_bb=cfg.get("min_bb", 10),
+                              global_feature=bool(cfg.get("global_feature", False)))
+        if cfg.get("num_bb") is None and "conf" not in source.store.schema:  # said once, not once per image
+            raise DataError(f"the feature store {source.store.path} holds no detector confidences "
+                            "('conf'; BUTD TSV features without cls_prob carry none), so the adaptive box count "
+                            "(data.image.conf_th, min_bb, max_bb) cannot apply: set data.image.num_bb, a fixed number "
+                            "of boxes per image (36 for BUTD's 36-box features)")
+        return source
     from vlkit.features.patches import pixel_transform
 
     if "mean" in cfg or "std" in cfg:
