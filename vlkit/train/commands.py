@@ -111,8 +111,8 @@ def evaluate(cfg, overrides: Sequence[str] | None = None) -> int:
     on ``task`` (retrieval with the pre-training ITM head). A converted official checkpoint
     (``vlkit convert``) records no data: ``data=`` and ``task=`` name them.
 
-    ``split=NAME`` evaluates that split alone (else ``eval_splits``); ``task.<key>=`` given on the
-    command line overrides the run's task config (e.g. the files of a test split); ``eval_options.<key>=``
+    ``split=NAME`` evaluates that split alone (else ``eval_splits``); ``task=<the run's task> task.<key>=``
+    given on the command line overrides the run's task config (e.g. the files of a test split); ``eval_options.<key>=``
     the task's scoring options (VQA ``rules``, RefExp ``iou_boxes`` / ``iou_comparison``, retrieval
     ``ties`` / ``uniter_ir_rows``). ``predictions=PATH`` writes the split's predictions in its leaderboard format
     (`vlkit.tasks.predictions`); metrics are computed too when the split has labels.
@@ -134,6 +134,9 @@ def evaluate(cfg, overrides: Sequence[str] | None = None) -> int:
     set_threads(cfg.get("threads"), model_cfg.get("preset"))
     eval_options = {k: v for k, v in (pipeline.plain(cfg.get("eval_options")) or {}).items() if v is not None}
     if info["kind"] == "finetune":
+        if cfg.task.name is not None and cfg.task.name != info["task"]:
+            raise ValueError(f"task={cfg.task.name}: {directory} is a {info['task']} run; task={info['task']} (or no "
+                             f"task=) evaluates it, task.<key>= overriding its recorded task config")
         task_cfg = info["task_cfg"] if info.get("task_cfg") is not None else pipeline.plain(cfg.task)
         if task_cfg.get("name") != info["task"]:
             raise ValueError(f"{directory} holds a {info['task']} task that records no data: pass task={info['task']} "
