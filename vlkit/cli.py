@@ -206,8 +206,8 @@ def _unknown_key(command: str, overrides: list[str], err: Exception) -> UsageErr
     group = key.partition(".")[0]
     if cfg is not None and group in GROUPS and (cfg.get(group) or {}).get("name", "") is None:  # the group left unset
         choices = [o for o in _group_options(command).get(group, []) if o != "none"]
-        return UsageError(f"vlkit {command}: unknown key {key!r}: the {group}.* keys come with a {group}; name it first, "
-                          f"{group}=<name> {key}=..., {group}= taking {', '.join(choices)}")
+        return UsageError(f"vlkit {command}: unknown key {key!r}: the {group}.* keys come with a {group}; name it "
+                          f"first, {group}=<name> {key}=..., {group}= taking {', '.join(choices)}")
     suggestion = _suggest(key, keys, n=1).rstrip(".")
     parent = key.rpartition(".")[0]
     near = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent]

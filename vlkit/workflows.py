@@ -377,6 +377,8 @@ def compare(runs: Sequence[Any] | None = None, data: Any = None, *, preset: str 
           cache_dir=cache_dir)
     if runs is not None:
         config.set("compare.runs", [_run_spec(run) for run in runs], merge=False)
+        if settings.get("title") is None:  # the preset's title names its own runs
+            config.set("compare.title", None)
     for key, value in (("tasks", tasks), ("seeds", seeds)):
         if value is not None:
             config.set(f"compare.{key}", list(value), merge=False)

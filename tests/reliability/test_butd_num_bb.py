@@ -19,7 +19,8 @@ def _butd_tsv(path, image_ids):
         rows = csv.writer(f, delimiter="\t")
         for k, image_id in enumerate(image_ids):
             r = regions(k, soft=False)
-            rows.writerow([image_id, r["image_w"], r["image_h"], len(r["boxes"]), _b64(r["boxes"]), _b64(r["features"])])
+            boxes, features = _b64(r["boxes"]), _b64(r["features"])
+            rows.writerow([image_id, r["image_w"], r["image_h"], len(r["boxes"]), boxes, features])
     return path
 
 

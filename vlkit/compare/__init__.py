@@ -37,7 +37,8 @@ from typing import Any
 
 from vlkit.compare.account import Session, heartbeat_s
 from vlkit.compare.claims import check_claims
-from vlkit.compare.config import RunSpec, look_sizes_of, objective_mix, resolve_config, run_specs, task_cfg
+from vlkit.compare.config import (RunSpec, drop_preset_title, look_sizes_of, objective_mix, resolve_config, run_specs,
+                                  task_cfg)
 from vlkit.compare.plan import plan_settings
 from vlkit.compare.scheduling import Comparison, Progress, digest
 from vlkit.compare.statistics import HEADLINE, mean_ci, paired_p_value, summarize
@@ -102,6 +103,10 @@ def main(cfg: Any, overrides: list[str] | None = None, started: float | None = N
     started = time.time() if started is None else started
     cfg = resolve_config(cfg)
     compare = cfg["compare"]
+    if not cfg.get("manifest"):
+        from vlkit.train.commands import explicit_keys
+
+        drop_preset_title(compare, explicit_keys(overrides))
     _check_seeds(compare.get("seeds"))
     settings = ExecutorSettings(cfg)
     plan_settings(compare)

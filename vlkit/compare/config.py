@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from vlkit.train import pipeline
 
@@ -84,7 +84,10 @@ def comparison_file(path: str | Path) -> str:
             raise ValueError(f"comparison file {path}: unknown key(s) {', '.join(map(str, unknown))}; a comparison "
                              f"sets {', '.join(sorted(known))}")
         body = {"defaults": body.pop("defaults", ["default", "_self_"]), "compare": body}
-    runs = (body.get("compare") or {}).get("runs") or []
+    node = body.get("compare") or {}
+    if "runs" in node and "title" not in node:  # a preset's title names the preset's runs, not these
+        node["title"] = None
+    runs = node.get("runs") or []
     if not isinstance(runs, list):
         raise ValueError(f"comparison file {path}: runs must be a list of runs, found {type(runs).__name__}")
     for i, run in enumerate(runs):
@@ -92,6 +95,20 @@ def comparison_file(path: str | Path) -> str:
             raise ValueError(f"comparison file {path}: runs[{i}] = {run!r} needs at least 'name' and 'model' "
                              "(e.g. {name: uniter, model: {name: uniter, preset: tiny}, objectives: uniter})")
     return "# @package _global_\n" + yaml.safe_dump(body, sort_keys=False)
+
+
+def comparison_title(compare: dict[str, Any]) -> str:
+    """What a comparison's report and figures are titled: ``compare.title`` when set, else the runs compared
+    (``uniter vs meter``). A comparison that replaces a preset's runs without a title of its own gets the
+    latter: ``comparison_file``, `drop_preset_title` and ``vlkit.compare(runs=...)`` drop the preset's."""
+    names = [str(run["name"]) for run in compare.get("runs") or () if isinstance(run, Mapping) and "name" in run]
+    return compare.get("title") or " vs ".join(names) or "comparison"
+
+
+def drop_preset_title(compare: dict[str, Any], explicit: set[str]) -> None:
+    """Drop the preset's title when the command line sets ``compare.runs`` and no ``compare.title``."""
+    if "compare.runs" in explicit and "compare.title" not in explicit:
+        compare["title"] = None
 
 
 def known_tasks(where: str, tasks: Any) -> None:

@@ -324,7 +324,7 @@ def write_outputs(output_dir: Path, cfg: dict[str, Any], records: list[dict[str,
                   ) -> str:
     """results.md, results.json, results.csv and the plots; ``account``: what the comparison spent
     (`vlkit.compare.account`): its line in the header, its section at the end."""
-    from vlkit.compare.config import look_sizes_of
+    from vlkit.compare.config import comparison_title, look_sizes_of
     from vlkit.io import atomic_write_text
 
     sizes = look_sizes_of(cfg["compare"])
@@ -332,7 +332,8 @@ def write_outputs(output_dir: Path, cfg: dict[str, Any], records: list[dict[str,
     rows, metrics = result["summary"], result["metrics"]
     table = results_table(rows, metrics + [c for c in COSTS if any(c in r for r in rows)])
     seeds = sorted({r["seed"] for r in records})
-    notes = [f"# vlkit compare: {cfg['compare'].get('title', 'comparison')}", "",
+    title = comparison_title(cfg["compare"])
+    notes = [f"# vlkit compare: {title}", "",
              f"Data: `{cfg['data'].get('name')}` (hash `{audit['data_hash'][:12]}`), seeds {seeds}, "
              f"pre-training {cfg['compare']['budget']['pretrain_steps']} steps." + machine_note(audit.get("machine")),
              "", account_line(account), "",
@@ -375,5 +376,5 @@ def write_outputs(output_dir: Path, cfg: dict[str, Any], records: list[dict[str,
         for r in records:
             writer.writerow({"units": UNITS, **{k: json.dumps(clean_json(v)) if isinstance(v, (dict, list)) else v
                                                  for k, v in r.items()}})
-    plot_results(output_dir, rows, metrics, curves, result["chance"])
+    plot_results(output_dir, rows, metrics, curves, result["chance"], title)
     return "\n\n".join(p for p in (table, claims_table(result["claims"]) if result["claims"] else "") if p)
