@@ -406,6 +406,10 @@ def run(argv: list[str], started: float | None = None) -> int:
 
         print(OmegaConf.to_yaml(cfg))
         return 0
+    from vlkit.settings import check_settings
+
+    check_settings(command, cfg)  # types and ranges of every key, before any data work
+    _check_missing(command, cfg)
     target, _ = COMMANDS[command]
     module, func = target.split(":")
     fn = getattr(importlib.import_module(module), func)
@@ -416,6 +420,31 @@ def run(argv: list[str], started: float | None = None) -> int:
     given = {"overrides": overrides, "started": started}
     result = fn(cfg, **{k: v for k, v in given.items() if k in parameters})
     return result if isinstance(result, int) else 0
+
+
+def _check_missing(command: str, cfg: Any) -> None:
+    """`UsageError` naming every mandatory key (``???``) the command line leaves unset, with its meaning: ``vlkit
+    pretrain data=coco`` needs ``data.path`` and ``data.image.path``. (``evaluate`` may take its data from the
+    run, ``compare`` its config from ``manifest=``: their ``data.*`` is not required here.)"""
+    from omegaconf import OmegaConf
+
+    unset = OmegaConf.missing_keys(cfg)
+    missing = [k for k in _flatten(OmegaConf.to_container(cfg, resolve=False)) if k in unset]  # in the file's order
+    if command == "evaluate" or (command == "compare" and cfg.get("manifest")):
+        missing = [k for k in missing if not k.startswith("data.")]
+    if not missing:
+        return
+    comments = _comments(CONF_DIR / f"{command}.yaml")
+    for group in {k.split(".")[0] for k in missing} & set(GROUPS):
+        name = cfg[group].get("name") if hasattr(cfg[group], "get") else None
+        if name and (CONF_DIR / group / f"{name}.yaml").is_file():
+            comments.update(_comments(CONF_DIR / group / f"{name}.yaml", f"{group}."))
+    chosen = [f"{g}={cfg[g].get('name')}" for g in GROUPS if any(k.startswith(g + ".") for k in missing)
+              and hasattr(cfg.get(g), "get") and cfg[g].get("name")]
+    needs = "; ".join(f"{k} ({comments[k]})" if comments.get(k) else k for k in missing)
+    raise UsageError(f"vlkit {command}{' ' + ' '.join(chosen) if chosen else ''} needs {needs}: set "
+                     f"{'it' if len(missing) == 1 else 'them'} on the command line, e.g. {missing[0]}=PATH "
+                     f"(vlkit {command} --help lists every key)")
 
 
 def _shutdown_distributed(barrier: bool) -> None:
@@ -477,7 +506,7 @@ def console(argv: list[str] | None = None) -> int:
         if isinstance(err, UsageError):
             print(text if text.startswith("vlkit") else f"{name}: {text}", file=sys.stderr)
             return 2
-        kind = "" if type(err).__name__ in ("DataError", "PreflightError") else f" ({type(err).__name__})"
+        kind = "" if type(err).__name__ in ("DataError", "PreflightError", "SettingsError") else f" ({type(err).__name__})"
         print(f"{name}: error{kind}: {text}", file=sys.stderr)
         if not debug:
             print("(VLKIT_DEBUG=1 shows the full traceback)", file=sys.stderr)
