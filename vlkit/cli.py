@@ -8,7 +8,9 @@ lazily so that ``vlkit --help`` stays fast.
 ``vlkit <command> --help`` lists the command's keys (defaults and meaning) and the choices of its config
 groups (model presets, objective mixes, data sets, tasks ...). A mistake on the command line (an unknown
 key, group option or command) answers with the closest names vlkit knows ("did you mean
-model=uniter?"), exit status 2; an error in the run (bad data, a missing file, a failed preflight)
+model=uniter?"), exit status 2, and so does a mandatory key left unset (``data.path`` of ``data=coco``); the
+values of every key are checked before the command reads any data (`vlkit.settings`); a broken YAML file given
+to a group names the user's file and line; an error in the run (bad data, a missing file, a failed preflight)
 prints one paragraph naming its culprit, exit status 1. ``VLKIT_DEBUG=1`` prints the full traceback
 instead. An error that is not a user mistake (a bug) always prints its traceback. SIGTERM and SIGINT stop a
 command cleanly (`vlkit.runtime`): what is complete is kept, exit status 128 + the signal number.
@@ -57,14 +59,15 @@ RESUME_ADVICE = {  # what an interrupted command left and how to continue it
 }
 
 
-def _file_options(overrides: list[str], search_dir: Path) -> tuple[list[str], dict[str, Path]]:
+def _file_options(overrides: list[str], search_dir: Path) -> tuple[list[str], dict[Path, Path]]:
     """Turn ``group=<path.yaml>`` overrides into options of a search path: each file is read (a broken one is
     refused naming the user's file and line) and copied to ``search_dir/<group>/`` under a name no shipped
     option has, and the override names it. Other keys keep their path (``vlkit convert config=uniter-base.json``).
     Returns the overrides and ``{copy: the user's file}``, so that messages name the user's file."""
     from vlkit.io import ConfigFileError, read_yaml
 
-    out, copies = [], {}
+    out: list[str] = []
+    copies: dict[Path, Path] = {}
     for override in overrides:
         key, sep, value = override.partition("=")
         path = Path(value)
@@ -425,12 +428,13 @@ def run(argv: list[str], started: float | None = None) -> int:
 def _check_missing(command: str, cfg: Any) -> None:
     """`UsageError` naming every mandatory key (``???``) the command line leaves unset, with its meaning: ``vlkit
     pretrain data=coco`` needs ``data.path`` and ``data.image.path``. (``evaluate`` may take its data from the
-    run, ``compare`` its config from ``manifest=``: their ``data.*`` is not required here.)"""
+    run, ``compare`` its config from ``manifest=`` and its dry run reads no data: their ``data.*`` is not required
+    here.)"""
     from omegaconf import OmegaConf
 
     unset = OmegaConf.missing_keys(cfg)
     missing = [k for k in _flatten(OmegaConf.to_container(cfg, resolve=False)) if k in unset]  # in the file's order
-    if command == "evaluate" or (command == "compare" and cfg.get("manifest")):
+    if command == "evaluate" or (command == "compare" and (cfg.get("manifest") or cfg.get("dry_run") is True)):
         missing = [k for k in missing if not k.startswith("data.")]
     if not missing:
         return
