@@ -8,7 +8,9 @@ lazily so that ``vlkit --help`` stays fast.
 ``vlkit <command> --help`` lists the command's keys (defaults and meaning) and the choices of its config
 groups (model presets, objective mixes, data sets, tasks ...). A mistake on the command line (an unknown
 key, group option or command) answers with the closest names vlkit knows ("did you mean
-model=uniter?"), exit status 2; an error in the run (bad data, a missing file, a failed preflight)
+model=uniter?"), exit status 2, and so does a mandatory key left unset (``data.path`` of ``data=coco``); the
+values of every key are checked before the command reads any data (`vlkit.settings`); a broken YAML file given
+to a group names the user's file and line; an error in the run (bad data, a missing file, a failed preflight)
 prints one paragraph naming its culprit, exit status 1. ``VLKIT_DEBUG=1`` prints the full traceback
 instead. An error that is not a user mistake (a bug) always prints its traceback. SIGTERM and SIGINT stop a
 command cleanly (`vlkit.runtime`): what is complete is kept, exit status 128 + the signal number.
@@ -57,27 +59,75 @@ RESUME_ADVICE = {  # what an interrupted command left and how to continue it
 }
 
 
-def _file_options(overrides: list[str], search_dir: Path) -> list[str]:
-    """Turn ``group=<path.yaml>`` overrides into options of a search path: each file is copied to
-    ``search_dir/<group>/`` under a name no shipped option has, and the override names it. Other keys
-    keep their path (``vlkit convert config=uniter-base.json``)."""
-    out = []
+def _file_options(overrides: list[str], search_dir: Path) -> tuple[list[str], dict[Path, Path]]:
+    """Turn ``group=<path.yaml>`` overrides into options of a search path: each file is read (a broken one is
+    refused naming the user's file and line) and copied to ``search_dir/<group>/`` under a name no shipped
+    option has, and the override names it. Other keys keep their path (``vlkit convert config=uniter-base.json``).
+    Returns the overrides and ``{copy: the user's file}``, so that messages name the user's file."""
+    from vlkit.io import ConfigFileError, read_yaml
+
+    out: list[str] = []
+    copies: dict[Path, Path] = {}
     for override in overrides:
         key, sep, value = override.partition("=")
         path = Path(value)
         if sep and key in GROUPS and path.suffix in (".yaml", ".yml") and path.is_file():
             option = f"file_{len(out)}_{path.stem}"
-            (search_dir / key).mkdir(parents=True, exist_ok=True)
+            target = search_dir / key / f"{option}.yaml"
+            target.parent.mkdir(parents=True, exist_ok=True)
             if key == "compare":  # a list of runs or a partial comparison merges over the default one
                 from vlkit.compare.config import comparison_file
 
-                (search_dir / key / f"{option}.yaml").write_text(comparison_file(path), encoding="utf-8")
+                target.write_text(comparison_file(path), encoding="utf-8")
             else:
-                shutil.copyfile(path, search_dir / key / f"{option}.yaml")
+                body = read_yaml(path, f"{key}= file")
+                if body is not None and not isinstance(body, dict):
+                    raise ConfigFileError(f"{key}= file {path}: expected a mapping of keys (as conf/{key}/*.yaml "
+                                          f"hold), found a {type(body).__name__}")
+                shutil.copyfile(path, target)
+            copies[target] = path
             override = f"{key}={option}"
         out.append(override)
-    return out
+    return out, copies
 
+
+def _plain_keys(command: str, overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(overrides for Hydra, overrides of plain keys named like a config group): a command whose config has a
+    key ``task`` but no ``task`` group (``vlkit convert task=vqa``) takes ``task=vqa`` as that key's value, which
+    Hydra would read as a group choice it has no place for."""
+    from vlkit.io import read_yaml
+
+    body = read_yaml(CONF_DIR / f"{command}.yaml") or {}
+    chosen = {next(iter(d)) for d in body.get("defaults") or [] if isinstance(d, dict)}
+    plain = set(body) & set(GROUPS) - chosen
+    split: tuple[list[str], list[str]] = ([], [])
+    for override in overrides:
+        split[override.partition("=")[0] in plain and "=" in override].append(override)
+    return split
+
+
+def _set_plain(cfg: Any, overrides: list[str]) -> None:
+    """Set the plain-key overrides of `_plain_keys` on a composed config, their values read as Hydra reads values."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf, open_dict
+
+    parser = OverridesParser.create()
+    with open_dict(cfg):
+        for override in parser.parse_overrides(overrides):
+            OmegaConf.update(cfg, override.key_or_group, override.value(), merge=False)
+
+
+def _name_user_files(err: Exception, copies: dict[Path, Path]) -> Exception:
+    """``err`` with the temporary copies it names replaced by the user's files (the same type when it can be)."""
+    text = str(err)
+    for copy, original in copies.items():
+        text = text.replace(str(copy), str(original))
+    if text == str(err):
+        return err
+    try:
+        return type(err)(text)
+    except Exception:  # noqa: BLE001 - an exception class with another constructor
+        return ValueError(text)
 
 
 class UsageError(ValueError):
@@ -100,21 +150,30 @@ def compose(command: str, overrides: list[str] | None = None):
 
     _register()
     overrides = list(overrides or [])
+    hydra_overrides, plain = _plain_keys(command, overrides)
     with tempfile.TemporaryDirectory(prefix="vlkit-conf-") as search_dir:
-        resolved = _file_options(overrides, Path(search_dir))
+        resolved, copies = _file_options(hydra_overrides, Path(search_dir))
         if any(Path(search_dir).iterdir()):
             resolved.append(f"hydra.searchpath=[file://{search_dir}]")
         failure: Exception | None = None
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=f"vlkit-{command}"):
             try:
-                return hydra_compose(config_name=command, overrides=resolved)
+                cfg = hydra_compose(config_name=command, overrides=resolved)
             except (MissingConfigException, OverrideParseException, ConfigCompositionException) as err:
                 failure = err
+            except Exception as err:  # a file of the user's Hydra cannot merge: name it, not its copy
+                raise _name_user_files(err, copies) from None
+    if failure is None:
+        try:
+            _set_plain(cfg, plain)
+            return cfg
+        except OverrideParseException as err:
+            failure = err
     if isinstance(failure, MissingConfigException):
         raise _missing_option(command, failure) from None
     if isinstance(failure, OverrideParseException):
         raise _unreadable_override(command, overrides, failure) from None
-    raise _unknown_key(command, overrides, failure) from None
+    raise _unknown_key(command, overrides, _name_user_files(failure, copies)) from None
 
 
 def _unreadable_override(command: str, overrides: list[str], err: Exception) -> UsageError:
@@ -198,11 +257,13 @@ def _unknown_key(command: str, overrides: list[str], err: Exception) -> UsageErr
         return UsageError(f"vlkit {command}: {str(err).splitlines()[0]}")
     key = found.group(1)
     groups = [o for o in overrides if o.partition("=")[0] in GROUPS]
-    try:
-        cfg = compose(command, groups)
-        keys = _keys(cfg)
-    except UsageError:
-        cfg, keys = None, []
+    cfg, keys = None, []
+    if groups != overrides:  # the group choices alone compose (else this failure is theirs: no recursion)
+        try:
+            cfg = compose(command, groups)
+            keys = _keys(cfg)
+        except UsageError:
+            pass
     group = key.partition(".")[0]
     if cfg is not None and group in GROUPS and (cfg.get(group) or {}).get("name", "") is None:  # the group left unset
         choices = [o for o in _group_options(command).get(group, []) if o != "none"]
@@ -354,6 +415,10 @@ def run(argv: list[str], started: float | None = None) -> int:
 
         print(OmegaConf.to_yaml(cfg))
         return 0
+    from vlkit.settings import check_settings
+
+    check_settings(command, cfg)  # types and ranges of every key, before any data work
+    _check_missing(command, cfg)
     target, _ = COMMANDS[command]
     module, func = target.split(":")
     fn = getattr(importlib.import_module(module), func)
@@ -364,6 +429,32 @@ def run(argv: list[str], started: float | None = None) -> int:
     given = {"overrides": overrides, "started": started}
     result = fn(cfg, **{k: v for k, v in given.items() if k in parameters})
     return result if isinstance(result, int) else 0
+
+
+def _check_missing(command: str, cfg: Any) -> None:
+    """`UsageError` naming every mandatory key (``???``) the command line leaves unset, with its meaning: ``vlkit
+    pretrain data=coco`` needs ``data.path`` and ``data.image.path``. (``evaluate`` may take its data from the
+    run, ``compare`` its config from ``manifest=`` and its dry run reads no data: their ``data.*`` is not required
+    here.)"""
+    from omegaconf import OmegaConf
+
+    unset = OmegaConf.missing_keys(cfg)
+    missing = [k for k in _flatten(OmegaConf.to_container(cfg, resolve=False)) if k in unset]  # in the file's order
+    if command == "evaluate" or (command == "compare" and (cfg.get("manifest") or cfg.get("dry_run") is True)):
+        missing = [k for k in missing if not k.startswith("data.")]
+    if not missing:
+        return
+    comments = _comments(CONF_DIR / f"{command}.yaml")
+    for group in {k.split(".")[0] for k in missing} & set(GROUPS):
+        name = cfg[group].get("name") if hasattr(cfg[group], "get") else None
+        if name and (CONF_DIR / group / f"{name}.yaml").is_file():
+            comments.update(_comments(CONF_DIR / group / f"{name}.yaml", f"{group}."))
+    chosen = [f"{g}={cfg[g].get('name')}" for g in GROUPS if any(k.startswith(g + ".") for k in missing)
+              and hasattr(cfg.get(g), "get") and cfg[g].get("name")]
+    needs = "; ".join(f"{k} ({comments[k]})" if comments.get(k) else k for k in missing)
+    raise UsageError(f"vlkit {command}{' ' + ' '.join(chosen) if chosen else ''} needs {needs}: set "
+                     f"{'it' if len(missing) == 1 else 'them'} on the command line, e.g. {missing[0]}=PATH "
+                     f"(vlkit {command} --help lists every key)")
 
 
 def _shutdown_distributed(barrier: bool) -> None:
@@ -425,7 +516,7 @@ def console(argv: list[str] | None = None) -> int:
         if isinstance(err, UsageError):
             print(text if text.startswith("vlkit") else f"{name}: {text}", file=sys.stderr)
             return 2
-        kind = "" if type(err).__name__ in ("DataError", "PreflightError") else f" ({type(err).__name__})"
+        kind = "" if type(err).__name__ in ("DataError", "PreflightError", "SettingsError") else f" ({type(err).__name__})"
         print(f"{name}: error{kind}: {text}", file=sys.stderr)
         if not debug:
             print("(VLKIT_DEBUG=1 shows the full traceback)", file=sys.stderr)

@@ -50,7 +50,12 @@ _SAFE_GLOBALS = {
 }
 
 
-class UnsafePickleError(pickle.UnpicklingError):
+class UnreadablePickleError(pickle.UnpicklingError, ValueError):
+    """A pickle that cannot be read: truncated, corrupt or refused (the message names the file). Also a
+    `ValueError`: the input is at fault, not vlkit, so the console reports it in one paragraph."""
+
+
+class UnsafePickleError(UnreadablePickleError):
     """Raised when a pickle references a class outside the allow-list."""
 
 
@@ -70,8 +75,8 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
 def safe_pickle_load(path_or_bytes: str | os.PathLike | bytes, source: str | None = None) -> Any:
     """Unpickle a file (or bytes) that may only hold numpy arrays and builtin containers; a refused
-    class raises `UnsafePickleError`, a truncated or corrupt pickle `pickle.UnpicklingError`, both naming
-    the file (``source`` names where bytes came from)."""
+    class raises `UnsafePickleError`, a truncated or corrupt pickle `UnreadablePickleError` (both
+    `pickle.UnpicklingError` and `ValueError`), naming the file (``source`` names where bytes came from)."""
     source = source or ("<bytes>" if isinstance(path_or_bytes, bytes) else str(path_or_bytes))
     try:
         if isinstance(path_or_bytes, bytes):
@@ -81,7 +86,7 @@ def safe_pickle_load(path_or_bytes: str | os.PathLike | bytes, source: str | Non
     except UnsafePickleError:
         raise
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, AttributeError) as err:
-        raise pickle.UnpicklingError(f"{source}: not a readable pickle ({type(err).__name__}: {err})") from err
+        raise UnreadablePickleError(f"{source}: not a readable pickle ({type(err).__name__}: {err})") from err
 
 
 def torch_load_weights(path: str | os.PathLike, allowed_globals: Sequence[Any] = ()) -> Any:
@@ -341,6 +346,35 @@ def sha256_file(path: str | os.PathLike) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+class ConfigFileError(ValueError):
+    """A YAML file of the user's that cannot be read; the message names the file and the line."""
+
+
+def read_yaml(path: str | os.PathLike, what: str = "config file") -> Any:
+    """The content of the YAML file ``path``; unreadable text or invalid YAML raises `ConfigFileError` naming
+    ``path``, the line and column at fault and the line itself (``what``: how messages call the file)."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[:err.start].count(b"\n") + 1
+        raise ConfigFileError(f"{what} {path}:{line}: not UTF-8 text (byte {err.object[err.start:err.start + 1]!r}); "
+                              "save it as UTF-8") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        problem = ": ".join(filter(None, (getattr(err, "context", None), getattr(err, "problem", None)))) or str(err)
+        if mark is None:
+            raise ConfigFileError(f"{what} {path}: not valid YAML ({problem})") from None
+        lines = text.splitlines()
+        shown = f"\n    {lines[mark.line]}\n    {' ' * mark.column}^" if mark.line < len(lines) else ""
+        raise ConfigFileError(f"{what} {path}:{mark.line + 1}:{mark.column + 1}: not valid YAML ({problem}); fix "
+                              f"that line (mind indentation and unclosed brackets or quotes){shown}") from None
 
 
 def config_dir() -> Path:

@@ -6,6 +6,12 @@ if it is callable). Task heads are keyed by ``(task, family)`` (`HeadRegistry`):
 its own heads beside its model, and a task falls back to the generic heads registered without a
 family. Converters of released checkpoints are keyed by family with the key signature of its files
 (`ConverterRegistry`), which also answers which family a state dict is.
+
+A registration is checked when it happens (`RegistrationError`, naming the entry and the rule): an entry
+from outside vlkit first loads the built-in entries of its registry, so that a name it shares with a built-in
+is refused at the plugin's own call whichever is imported first; an entry that declares a contract check
+(``check_contract(name)``, e.g. `vlkit.models.base.VLModel.check_contract`) is checked before it is admitted;
+a converter whose key signature overlaps another's is refused (a state dict would be claimed by both).
 """
 from __future__ import annotations
 
@@ -29,6 +35,23 @@ _BUILTIN_MODULES = {
     "converter": ["vlkit.convert.vilbert", "vlkit.convert.uniter", "vlkit.convert.meter"],
 }
 _plugins_loaded = False
+
+
+class RegistrationError(ValueError):
+    """A declaration a registry refuses when it is registered: a taken name, a broken contract (the message
+    names the entry, its module and the rule)."""
+
+
+def describe_entry(obj: Any) -> str:
+    """``module.Name`` of a registered object (how registration messages name a plugin's entry)."""
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or type(obj).__name__
+    return f"{getattr(obj, '__module__', None) or '?'}.{name}"
+
+
+def builtin(obj: Any) -> bool:
+    """Whether ``obj`` is one of vlkit's own entries (defined in a ``vlkit`` module) rather than a plugin's."""
+    module = getattr(obj, "__module__", None) or ""
+    return module == "vlkit" or module.startswith("vlkit.")
 
 
 class UnknownNameError(LookupError):
@@ -69,16 +92,38 @@ class Registry:
     def register(self, name: str | None = None, *, override: bool = False) -> Callable[[Any], Any]:
         def decorator(obj: Any) -> Any:
             key = name or getattr(obj, "name", None) or obj.__name__.lower()
-            if key in self._entries and self._entries[key] is not obj and not override:
-                raise ValueError(f"{self.kind} {key!r} is already registered by {self._entries[key]!r}")
+            self._admit(obj, key, self._entries.get(key), override)
             self._entries[key] = obj
             return obj
 
         return decorator
 
-    def _populate(self) -> None:
+    def _admit(self, obj: Any, key: Any, existing: Any, override: bool, what: str | None = None) -> None:
+        """The checks of a registration (`RegistrationError`): a plugin's entry first loads the built-ins (so that a
+        clash with one is found now, whichever registers first), then must not take a registered name (unless
+        ``override``) and must pass its own ``check_contract(key)`` when it declares one."""
+        what = what or f"{self.kind} {key!r}"
+        if not builtin(obj) and existing is None:
+            self._load_builtins()
+            existing = self._lookup(key)
+        if existing is not None and existing is not obj and not override:
+            owner = "vlkit's built-in" if builtin(existing) else "the entry"
+            raise RegistrationError(f"{what} is already registered by {owner} {describe_entry(existing)}; "
+                                    f"{describe_entry(obj)} cannot take its name: register it under another name, or "
+                                    "pass override=True to replace that entry on purpose")
+        check = getattr(obj, "check_contract", None)
+        if callable(check):
+            check(key)
+
+    def _lookup(self, key: Any) -> Any:
+        return self._entries.get(key)
+
+    def _load_builtins(self) -> None:
         for module in _BUILTIN_MODULES.get(self.kind, []):
             importlib.import_module(module)
+
+    def _populate(self) -> None:
+        self._load_builtins()
         load_plugins()
 
     def get(self, name: str) -> Any:
@@ -119,16 +164,19 @@ class HeadRegistry(Registry):
         """``@register_head("nlvr2", "uniter", "pair_biattn", default=True)``; the first head registered
         for ``(task, family)`` is its default unless another one says ``default=True``."""
         def decorator(obj: Any) -> Any:
+            self._admit(obj, (task, family, name), (self._entries.get((task, family)) or {}).get(name), override,
+                        f"head {name!r} of task {task!r} for {family or 'every family'}")
             heads = self._entries.setdefault((task, family), {})
-            if name in heads and heads[name] is not obj and not override:
-                raise ValueError(f"head {name!r} of task {task!r} for {family or 'every family'} is already "
-                                 f"registered by {heads[name]!r}")
             heads[name] = obj
             if default or (task, family) not in self._defaults:
                 self._defaults[(task, family)] = name
             return obj
 
         return decorator
+
+    def _lookup(self, key: Any) -> Any:
+        task, family, name = key
+        return (self._entries.get((task, family)) or {}).get(name)
 
     def heads(self, task: str, family: str) -> tuple[str | None, dict[str, Any]]:
         """(the family the heads belong to, or None for the generic ones; {name: head class})."""
@@ -177,11 +225,24 @@ class ConverterRegistry(Registry):
         checkpoint")`` on a converter class (a `vlkit.convert.OfficialConverter` subclass): a state dict with
         a key starting with one of ``signature`` is this family's."""
         if not signature:
-            raise ValueError(f"converter {family!r}: give the key prefixes that recognise its checkpoints (signature=)")
+            raise RegistrationError(f"converter {family!r}: give the key prefixes that recognise its checkpoints "
+                                    "(signature=)")
         register = super().register(family, override=override)
 
         def decorator(obj: Any) -> Any:
+            previous = self._entries.get(family)
             register(obj)
+            overlap = [(other, mine, theirs) for other, (_, prefixes) in self._signatures.items() if other != family
+                       for mine in signature for theirs in prefixes if mine.startswith(theirs) or theirs.startswith(mine)]
+            if overlap:
+                if previous is None:
+                    self._entries.pop(family)
+                else:
+                    self._entries[family] = previous
+                other, mine, theirs = overlap[0]
+                raise RegistrationError(f"converter {family!r} ({describe_entry(obj)}): its signature prefix {mine!r} "
+                                        f"overlaps {theirs!r} of converter {other!r}, so a state dict would be claimed "
+                                        "by both; give key prefixes only this family's checkpoints carry")
             self._signatures[family] = (description or f"a {family} checkpoint", tuple(signature))
             return obj
 

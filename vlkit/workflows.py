@@ -103,6 +103,9 @@ class _Config:
                     _check_keys(command, cfg, key, None if strict == "key" else value)
                 OmegaConf.update(cfg, key, value, merge=merge, force_add=True)
                 explicit += [f"{leaf}=" for leaf in _leaves(key, value)]
+        from vlkit.settings import check_settings
+
+        check_settings(command, cfg)  # as the console does: every value before any data work
         return cfg, explicit
 
 

@@ -62,6 +62,19 @@ def jsonl_data(caps: Path, store: Path) -> list[str]:
     return ["data=jsonl", f"data.path={caps}", "data.tokenizer=shapes", f"data.image.path={store}", "data.max_len=20"]
 
 
+def shapes_store(path: Path, num_images: int, poison_split: str | None = None) -> tuple[Path, list[str]]:
+    """A raw store of the shapes world's first ``num_images`` images (data.num_images=N, seed 0): no feature
+    extraction needed; the images of ``poison_split`` hold NaN features. Returns (store, poisoned ids)."""
+    from vlkit.data.shapes import ShapesWorld
+
+    world = ShapesWorld(0, num_images, 128)
+    images = {world.image_id(i): regions(i, h=128, w=128) for i in range(num_images)}
+    poisoned = [world.image_id(i) for i in world.indices(poison_split)] if poison_split else []
+    for image_id in poisoned:
+        images[image_id]["features"][:] = np.nan
+    return raw_store(path, images), poisoned
+
+
 def tiny_detector():
     """A small random-weight BUTD detector, the same in every process (seeded)."""
     import torch

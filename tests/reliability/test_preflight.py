@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from reliability_helpers import FEAT, captions, jsonl_data, raw_store, regions, run_args
+from reliability_helpers import FEAT, captions, jsonl_data, raw_store, regions, run_args, shapes_store
 
 from vlkit.data.collate import VLCollator
 from vlkit.data.images import build_image_source
@@ -98,14 +98,7 @@ def test_objectives_the_family_cannot_serve_and_unknown_ones(tmp_path, vlkit_con
 
 
 def _shapes_store(tmp_path, num_images: int, poison_split: str | None = None):
-    from vlkit.data.shapes import ShapesWorld
-
-    world = ShapesWorld(0, num_images, 128)
-    images = {world.image_id(i): regions(i, h=128, w=128) for i in range(num_images)}
-    poisoned = [world.image_id(i) for i in world.indices(poison_split)] if poison_split else []
-    for image_id in poisoned:
-        images[image_id]["features"][:] = np.nan
-    return raw_store(tmp_path / "shapes.h5", images), poisoned
+    return shapes_store(tmp_path / "shapes.h5", num_images, poison_split)
 
 
 def test_nan_features_in_the_val_split_are_never_scored(tmp_path, vlkit_console):

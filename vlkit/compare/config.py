@@ -61,15 +61,12 @@ def comparison_file(path: str | Path) -> str:
     naming the file."""
     import yaml
 
-    from vlkit.io import config_dir
+    from vlkit.io import config_dir, read_yaml
 
     conf_dir = config_dir()
 
     path = Path(path)
-    try:
-        body = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise ValueError(f"comparison file {path}: not valid YAML ({err})") from None
+    body = read_yaml(path, "comparison file")  # a broken file: its line named (vlkit.io.ConfigFileError)
     if isinstance(body, list):
         body = {"defaults": ["default", "_self_"], "compare": {"runs": body}}
     elif not isinstance(body, dict):

@@ -34,7 +34,7 @@ def convert(cfg) -> int:
     ``dst`` of a named release (`vlkit.released.PRETRAINED`)."""
     from vlkit.convert import from_official, save_converted
     from vlkit.data.tokenizers import TokenizerError, build_tokenizer
-    from vlkit.io import refuse_overwrite
+    from vlkit.io import atomic_directory, refuse_overwrite
     from vlkit.models.base import VLModel
     from vlkit.train.pipeline import plain
 
@@ -60,7 +60,8 @@ def convert(cfg) -> int:
     if tokenizer is not None and len(tokenizer) != rows:
         raise TokenizerError(f"tokenizer={cfg.tokenizer} has {len(tokenizer)} tokens but {cfg.src} has {rows} word "
                              "embeddings: give the tokenizer the checkpoint was trained with")
-    save_converted(module, report, dst, tokenizer)
+    with atomic_directory(dst) as building:  # built beside dst and swapped in whole: nothing of an old dst stays
+        save_converted(module, report, building, tokenizer)
     print(report)
     print(json.dumps({"convert": {"dst": str(dst), "family": report.family, "kind": report.kind,
                                   "loaded": report.mapped, "unused": len(report.unused)}}, indent=2))

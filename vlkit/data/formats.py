@@ -278,6 +278,15 @@ def read_vg_regions(path: PathLike) -> list[dict]:
 # --------------------------------------------------------------------------------------------
 # Downstream tasks
 # --------------------------------------------------------------------------------------------
+def _once(qid: Any, k: int, seen: dict[Any, int], path: PathLike, field: str) -> None:
+    """`FormatError` when ``question_id`` ``qid`` (``path``'s ``field[k]``) was given before: the VQA format gives each
+    question one entry, and a second one would silently replace the first."""
+    if qid in seen:
+        raise FormatError(f"{path}: {field}[{k}] gives question_id {qid} again (first at {field}[{seen[qid]}]); "
+                          f"each question_id appears once in a VQA {field} file")
+    seen[qid] = k
+
+
 def read_vqa(questions_path: PathLike, annotations_path: PathLike | None = None,
              image_id_format: str = "{}") -> list[dict]:
     """VQA v2 questions (+ annotations) json: ``{id, question_id, image_id, question, answers
@@ -286,12 +295,16 @@ def read_vqa(questions_path: PathLike, annotations_path: PathLike | None = None,
     questions = _get_list(_load_json(questions_path), "questions", str(questions_path))
     anns: dict[int, dict] = {}
     if annotations_path is not None:
+        first: dict[Any, int] = {}
         for k, ann in enumerate(_get_list(_load_json(annotations_path), "annotations", str(annotations_path))):
-            anns[_get(ann, "question_id", f"{annotations_path}: annotations[{k}]")] = ann
-    out = []
+            qid = _get(ann, "question_id", f"{annotations_path}: annotations[{k}]")
+            _once(qid, k, first, annotations_path, "annotations")
+            anns[qid] = ann
+    out, seen = [], {}
     for k, q in enumerate(questions):
         where = f"{questions_path}: questions[{k}]"
         qid = _get(q, "question_id", where)
+        _once(qid, k, seen, questions_path, "questions")
         rec = {"id": str(qid), "question_id": qid,
                "image_id": _format_id(_get(q, "image_id", where), image_id_format, where),
                "question": _text(q, "question", where), "answers": [], "answer_type": None,

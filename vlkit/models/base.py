@@ -197,6 +197,43 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
                             f"{', '.join(DATA_SIZES)}")
         return {size: name for size, name in cls.size_fields.items() if name is not None}
 
+    @classmethod
+    def check_contract(cls, name: str | None = None) -> None:
+        """Refuse, when the family registers (`vlkit.register_model`), a declaration the commands would break on
+        later: a ``config_class`` that is not a `ModelConfig` dataclass, an ``image_input`` other than regions /
+        pixels, a pixel family's config without ``image_size`` / ``patch_size``, and a data size (`DATA_SIZES`: the
+        vocabulary for every family, the region feature and class sizes for region families) that ``size_fields``
+        maps to a field its config lacks (vlkit's defaults are BERT-stream names: ``v_feature_size`` ...).
+        Raises `vlkit.registry.RegistrationError` naming the family, this contract and each problem."""
+        from vlkit.registry import RegistrationError, describe_entry
+
+        config = cls.config_class
+        problems = []
+        if not (isinstance(config, type) and issubclass(config, ModelConfig) and dataclasses.is_dataclass(config)):
+            problems.append(f"config_class {config!r} is not a ModelConfig dataclass")
+        elif cls.image_input not in ("regions", "pixels"):
+            problems.append(f"image_input={cls.image_input!r}; declare 'regions' or 'pixels'")
+        else:
+            fields = {f.name for f in dataclasses.fields(config)}
+            if cls.image_input == "pixels":
+                problems += [f"a pixel family's config needs an {f!r} field" for f in ("image_size", "patch_size")
+                             if f not in fields]
+            try:
+                mapped = cls.data_fields({})
+            except (TypeError, ValueError) as err:
+                mapped, problems = {}, problems + [str(err)]
+            taken = DATA_SIZES if cls.image_input == "regions" else ("vocab_size",)
+            lacking = {size: field for size, field in mapped.items() if size in taken and field not in fields}
+            if lacking:
+                default = "declares no size_fields, so vlkit's defaults apply" if "size_fields" not in vars(cls) \
+                    else "maps them in size_fields"
+                problems.append(f"{config.__name__} has no field {', '.join(repr(f) for f in lacking.values())} for the "
+                                f"data's {', '.join(lacking)} ({cls.__name__} {default}): declare size_fields = "
+                                "{data size: your config's field, or None for a size the family does not take}")
+        if problems:
+            raise RegistrationError(f"model {name or cls.family!r} ({describe_entry(cls)}) breaks the family contract "
+                                    f"(VLModel.check_contract): " + "; ".join(problems))
+
     def data_field(self, size: str) -> str | None:
         """The config field that holds the data size ``size`` (`DATA_SIZES`), None when the family takes none."""
         return type(self).data_fields(self.config.to_dict()).get(size)

@@ -7,7 +7,8 @@ evaluation set and writes the file atomically (a failure leaves any previous fil
   question of the split, in question order; a question left without a prediction (an example skipped
   by ``data.on_error=skip``) is an error naming it, and no file is written.
 - ``nlvr2``: the CSV the official ``nlvr2/eval/metrics.py`` reads, one ``identifier,prediction`` line
-  per example (``True`` / ``False``), no header.
+  per example (``True`` / ``False``), no header; written by the ``csv`` module, so an identifier holding a
+  comma, a quote or a line break is quoted and a CSV reader reads it back whole (`read_nlvr2_predictions`).
 - ``refexp``: JSON ``[{"sent_id", "image_id", "bbox": [x, y, w, h]}, ...]``, the chosen box of each
   expression in pixels of the annotation's image, COCO's xywh (as ``instances.json`` and UNITER's
   results file give boxes).
@@ -19,6 +20,8 @@ A plugin task registers its own with ``PREDICTIONS.register(name)(PredictionForm
 """
 from __future__ import annotations
 
+import csv
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +31,7 @@ import torch
 
 from vlkit.registry import Registry
 
-__all__ = ["PREDICTIONS", "PredictionFormat", "write_predictions"]
+__all__ = ["PREDICTIONS", "PredictionFormat", "check_predictions_path", "read_nlvr2_predictions", "write_predictions"]
 
 PREDICTIONS = Registry("prediction format")
 
@@ -53,6 +56,18 @@ def write_predictions(task: Any, data: Any, path: str | Path, batch_size: int = 
     text, count = fmt.render(task, data, batch_size)
     atomic_write_text(path, text)
     return {"path": str(path), "format": fmt.kind, "count": count}
+
+
+def check_predictions_path(path: str | Path, key: str = "predictions") -> Path:
+    """``path`` as a file a prediction writer may write, checked before any prediction is made: not a folder, and
+    its parent a folder (or to be made), not a file; else `IsADirectoryError` / `NotADirectoryError` naming ``key``."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{key}={path} is a folder; name the file to write, e.g. {key}={path / 'predictions.json'}")
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise NotADirectoryError(f"{key}={path}: {parent} is a file, not a folder")
+    return path
 
 
 def _complete(task: str, expected: Iterable[Any], got: dict[str, Any]) -> list[Any]:
@@ -92,7 +107,23 @@ def _nlvr2_render(task: Any, data: Any, batch_size: int) -> tuple[str, int]:
         out = task.predict(batch)
         predicted.update(zip(out["ids"], out["labels"]))
     identifiers = _complete("nlvr2", data.pairs.example_ids(), predicted)
-    return "".join(f"{i},{predicted[i]}\n" for i in identifiers), len(identifiers)
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows((i, predicted[i]) for i in identifiers)
+    return out.getvalue(), len(identifiers)
+
+
+def read_nlvr2_predictions(path: str | Path) -> dict[str, bool]:
+    """``{identifier: prediction}`` of an NLVR2 predictions CSV (quoted fields read whole); a row that is not
+    ``identifier,True|False`` or an identifier given twice is an error naming the file and the line."""
+    out: dict[str, bool] = {}
+    with open(path, newline="", encoding="utf-8") as f:
+        for line, row in enumerate(csv.reader(f), 1):
+            if len(row) != 2 or row[1] not in ("True", "False"):
+                raise ValueError(f"{path}:{line}: expected identifier,True|False, got {len(row)} field(s) {row!r}")
+            if row[0] in out:
+                raise ValueError(f"{path}:{line}: identifier {row[0]!r} appears again")
+            out[row[0]] = row[1] == "True"
+    return out
 
 
 def _nlvr2_labelled(data: Any) -> bool:

@@ -127,6 +127,11 @@ def evaluate(cfg, overrides: Sequence[str] | None = None) -> int:
     if cfg.get("predictions") and len(splits) != 1:
         raise ValueError(f"predictions={cfg.predictions} writes one split: name it with split= (eval_splits has "
                          f"{len(splits)})")
+    from vlkit.tasks.predictions import check_predictions_path
+
+    for key in ("predictions", "output"):  # files to write, checked before the split is predicted
+        if cfg.get(key):
+            check_predictions_path(cfg[key], key)
     info = pipeline.read_run_info(directory)
     if info["kind"] not in ("pretrain", "finetune"):
         raise ValueError(f"{directory} holds a {info['kind']} without heads: fine-tune it (init={directory}) first")

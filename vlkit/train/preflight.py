@@ -106,7 +106,12 @@ class Preflight:
         if out.exists() and not out.is_dir():
             self.problem(f"{key}={out} is a file, not a folder")
             return
-        previous = None if resume else previous_run(out)
+        saved = previous_run(out)
+        if saved is None and (out / "run.json").is_file():  # a converted checkpoint or a saved model: no run in it
+            self.problem(f"{key}={out} holds a saved model (run.json without checkpoints, e.g. what vlkit convert "
+                         f"writes), not a run{' to continue' if resume else ''}: start from it with init={out} and "
+                         f"write to another {key}")
+        previous = None if resume else saved
         if previous is not None:
             self.problem(f"{key}={out} already holds a run ({previous}); pass resume=true to continue it or choose "
                          f"another {key}")

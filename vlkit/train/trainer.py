@@ -154,12 +154,34 @@ class TrainerConfig:
     def from_cfg(cls, cfg: Any = None, **overrides: Any) -> "TrainerConfig":
         """From a `TrainerConfig`, a mapping or a ``DictConfig`` (unknown keys are an error)."""
         from omegaconf import OmegaConf
+        from omegaconf.errors import ConfigKeyError, ValidationError
 
-        merged = OmegaConf.merge(OmegaConf.structured(cls), cfg if cfg is not None else {}, overrides)
+        try:
+            merged = OmegaConf.merge(OmegaConf.structured(cls), cfg if cfg is not None else {}, overrides)
+        except ConfigKeyError as err:  # named as the command line names it: trainer.<key>
+            key = getattr(err, "key", None) or str(err).split("'")[1]
+            raise TrainerConfigError([f"trainer.{key} is not a trainer setting{_close(str(key))}"]) from None
+        except ValidationError as err:
+            key, value = getattr(err, "full_key", None) or getattr(err, "key", "?"), getattr(err, "value", None)
+            types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+            wanted = _KINDS.get(types.get(str(key).split(".")[0], ""), "a value of the documented type")
+            raise TrainerConfigError([f"trainer.{key}={value!r}: give {wanted}"]) from None
         return OmegaConf.to_object(merged)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _close(key: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, [f.name for f in dataclasses.fields(TrainerConfig)], n=1, cutoff=0.75)
+    return f" (did you mean trainer.{close[0]}?)" if close else ""
+
+
+# how messages name the type of a `TrainerConfig` field (its annotation, a string under postponed annotations)
+_KINDS = {"int": "a whole number", "float": "a number", "Optional[float]": "a number or null", "bool": "true or false",
+          "str": "a string", "list[float]": "a list of numbers", "list[str]": "a list of strings"}
 
 
 def trainer_presets() -> dict[str, dict[str, Any]]:

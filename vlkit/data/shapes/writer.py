@@ -187,6 +187,10 @@ def make_shapes_main(cfg) -> None:
 
     from vlkit.data.shapes import ShapesWorld
 
+    out = Path(cfg.out)
+    blocker = next((p for p in (out, *out.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise NotADirectoryError(f"out={out}: {blocker} is a file, not a folder; name the folder to write")
     world = ShapesWorld.from_cfg(cfg)
     manifest = write_shapes(world, cfg.out, progress=lambda it: tqdm(it, desc="shapes images", unit="img"))
     c = manifest["counts"]
