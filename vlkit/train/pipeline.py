@@ -374,7 +374,7 @@ def finetune_task(env: Environment, model: Any, task_cfg: Mapping[str, Any], tra
                   data_source(env), run)
     metrics = evaluate_task(task, data, eval_splits, task_cfg.get("eval_batch_size", 64))
     info = {"kind": "finetune", "task": name, "family": task.model.family, "options": recordable_options(options),
-            "seed": seed, "data": env.data, "task_cfg": task_cfg, "steps": result.step, "metrics": metrics,
+            "seed": seed, "data": set_keys(env.data), "task_cfg": task_cfg, "steps": result.step, "metrics": metrics,
             "pretraining": pretraining}
     save_run(Path(output_dir), task, info, env.tokenizer)
     return task, data, result, metrics
@@ -419,6 +419,14 @@ def evaluate_task(task: Any, data: Any, splits: tuple[str, ...], batch_size: int
             raise FloatingPointError(f"task {task.name!r}: {', '.join(nonfinite)} came out NaN or inf; not reported")
         out.update(scores)
     return out
+
+
+def set_keys(value: Any) -> Any:
+    """``value`` without the keys left unset (``???``: e.g. the caption file of a data set, which a fine-tuning on
+    a task's own files does not read), at every depth."""
+    if isinstance(value, dict):
+        return {k: set_keys(v) for k, v in value.items() if v != "???"}
+    return value
 
 
 def recordable_options(options: dict[str, Any]) -> dict[str, Any]:
