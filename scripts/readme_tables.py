@@ -8,6 +8,8 @@ regenerated.
     python scripts/readme_tables.py plans               # the FLOP plans: docs/cluster.md, docs/compare-plans.md, README
     python scripts/readme_tables.py account             # a smoke comparison killed twice and resumed: its account
                                                         # of what it spent, in docs/compare.md
+    python scripts/readme_tables.py smoke-time          # the wall time of `vlkit compare compare=smoke` (cold
+                                                        # cache), with the machine's load: README.md's tour
 
 Each comparison's block lies on its own page, ``docs/compare-<NAME>.md``, between ``<!-- BEGIN compare:NAME -->``
 and ``<!-- END compare:NAME -->``, and holds the command, the wall time of the whole command (cold feature
@@ -252,6 +254,22 @@ def account(cache_dir: Path | None) -> None:
     print("docs/compare.md: the account of a resumed smoke comparison written")
 
 
+def smoke_time(cache_dir: Path | None) -> None:
+    """``vlkit compare compare=smoke`` timed as a user runs it (a cold feature cache unless ``--cache-dir``), with
+    the CPUs and their 1-minute load average before and after: the tour's figure in README.md."""
+    work = Path(tempfile.mkdtemp(prefix="vlkit-smoke-time-"))
+    load = os.getloadavg()[0]
+    wall = run_comparison("smoke", work / "smoke", cache_dir, ["progress=false"])
+    after = os.getloadavg()[0]
+    manifest = json.loads((work / "smoke" / "manifest.json").read_text())
+    commit, written = provenance("smoke-time", manifest)
+    update_block(ROOT / "README.md", "smoke-time",
+                 f"{wall:.0f} s (`vlkit compare compare=smoke`, cold feature cache, {os.cpu_count()} CPUs at a 1-minute "
+                 f"load average of {load:.1f} before and {after:.1f} after, {commit}, {written})")
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"README.md: the smoke comparison took {wall:.0f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("name", help="a comparison preset: default, claims, ...")
@@ -267,6 +285,8 @@ def main() -> None:
         return plans(args.cache_dir)
     if args.name == "account":
         return account(args.cache_dir)
+    if args.name == "smoke-time":
+        return smoke_time(args.cache_dir)
     if args.source:
         output, wall = args.source, args.wall
     else:

@@ -144,7 +144,18 @@ def _register() -> None:
 
 def compose(command: str, overrides: list[str] | None = None):
     """The composed config of ``command`` with Hydra ``overrides`` (also handy in tests). A mistake in
-    the overrides raises `UsageError` with the closest names vlkit knows."""
+    the overrides raises `UsageError` with the closest names vlkit knows. A fine-tuning or evaluation whose task
+    reads its own files (``task.source=files``) and that gives its images (``data.image.*``) but no ``data=`` group
+    takes ``data=images``: the images and the tokenizer, no captions."""
+    cfg = _compose(command, overrides)
+    keys = {o.partition("=")[0].lstrip("+~") for o in overrides or () if "=" in o}
+    if (command in ("finetune", "evaluate") and "data" not in keys and any(k.startswith("data.image.") for k in keys)
+            and (cfg.get("task") or {}).get("source") == "files"):
+        return _compose(command, ["data=images", *(overrides or [])])
+    return cfg
+
+
+def _compose(command: str, overrides: list[str] | None = None):
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 

@@ -194,6 +194,9 @@ def folder_features(folder: Path, detector: str = "shapes", weights: Any = None,
         (image_id, path.stat().st_size, path.stat().st_mtime_ns) for image_id, path in files]]).encode()).hexdigest()
     store = cache_root(cache_dir) / "folders" / f"{folder.name}-{detector}-{digest[:16]}.h5"
     if not store.exists():
+        from vlkit.features.detector.domain import check_detector
+
+        check_detector(files, detector)  # the shapes detector on other images: say so
         store.parent.mkdir(parents=True, exist_ok=True)
         partial = store.with_name(f".{store.name}.partial")
         extract_features(files, partial, detector=detector, weights=weights, progress=False)

@@ -93,3 +93,37 @@ def test_folder_without_tokenizer_files_lists_what_it_holds(tmp_path):
         build_tokenizer(str(tmp_path / "missing"))
     with pytest.raises(TokenizerError, match="data.tokenizer is not set"):
         build_tokenizer(None)
+
+
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def test_a_folder_holding_only_vocab_txt_loads_offline(tmp_path, monkeypatch):
+    """Issue 43: ``data.tokenizer=`` a folder with a bare ``vocab.txt`` (or the file itself) is a BERT WordPiece
+    tokenizer, built without the hub; lower-casing unless the vocabulary holds upper-case words."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    folder = tmp_path / "my_vocab"
+    folder.mkdir()
+    (folder / "vocab.txt").write_text("\n".join([*SPECIAL, "a", "teal", "hexagon", "##s", "?"]) + "\n")
+    for name in (folder, folder / "vocab.txt"):
+        tok = build_tokenizer(str(name))
+        assert len(tok) == 10 and tok.tokenize("A teal hexagons?") == ["a", "teal", "hexagon", "##s", "?"]
+        assert tok("a teal hexagon").input_ids == [2, 5, 6, 7, 3] and tok.unk_token_id == 1
+    save_tokenizer(tok, tmp_path / "run")  # a run keeps its copy, which loads the same
+    assert same_vocabulary(build_tokenizer(str(tmp_path / "run" / "tokenizer")), tok)
+    (folder / "vocab.txt").write_text("\n".join([*SPECIAL, "Teal", "teal"]) + "\n")
+    assert build_tokenizer(str(folder)).tokenize("Teal teal") == ["Teal", "teal"]  # a cased vocabulary stays cased
+
+
+def test_a_vocab_txt_matches_the_full_tokenizer_of_its_model(tmp_path, minilm):
+    import shutil
+
+    shutil.copy(f"{minilm}/vocab.txt", tmp_path / "vocab.txt")
+    text = "The Unaffable café-owner said: hello, WORLD! 42 [MASK]"
+    assert build_tokenizer(str(tmp_path))(text).input_ids == build_tokenizer(minilm)(text).input_ids
+
+
+def test_a_vocab_txt_without_bert_special_tokens_is_refused(tmp_path):
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\nred\n")
+    with pytest.raises(TokenizerError, match=r"data.tokenizer=.*lacks BERT's special tokens \[CLS\], \[SEP\], \[MASK\]"):
+        build_tokenizer(str(tmp_path))

@@ -1,6 +1,6 @@
 """The registered image-text pair datasets: ``data=<name>`` in YAML -> ``DATASETS.get(name)(cfg)`` -> an
 `ImageTextPairs` (the shapes world, COCO, Flickr30k, CC, SBU, VG, JSON lines; ``data=shards`` streams,
-`vlkit.data.stream`)."""
+`vlkit.data.stream`; ``data=images`` has none: the images and tokenizer of a task's own files)."""
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -8,6 +8,7 @@ from typing import Any, Mapping
 from vlkit.data import formats
 from vlkit.data.pairs import ImageTextPairs, build_pairs
 from vlkit.registry import register_dataset
+from vlkit.validate import DataError
 
 
 def split_list(split: Any) -> list[str]:
@@ -57,6 +58,13 @@ def sbu_pairs(cfg: Mapping[str, Any]) -> ImageTextPairs:
 def vg_pairs(cfg: Mapping[str, Any]) -> ImageTextPairs:
     """Visual Genome region descriptions (``cfg.path``) as image-level captions."""
     return build_pairs(cfg, formats.read_vg_regions(cfg["path"]))
+
+
+@register_dataset("images")
+def no_pairs(cfg: Mapping[str, Any]) -> ImageTextPairs:
+    """``data=images`` gives images and a tokenizer for a task's own files, no captions to pre-train on."""
+    raise DataError("data=images holds no captions (it gives a fine-tuning on a task's own files its images and "
+                    "tokenizer): pre-train on image-text pairs, e.g. data=jsonl data.path=captions.jsonl")
 
 
 @register_dataset("jsonl")

@@ -1,7 +1,8 @@
 """Tokenizers: which one a run uses, loading it without a late or slow failure, and the run's own copy.
 
 ``data.tokenizer`` is ``shapes`` (the shapes world's closed-vocabulary WordPiece), a local folder
-(``save_pretrained`` files) or a hub name. Left null it is the model family's official tokenizer
+(``save_pretrained`` files, or only a BERT ``vocab.txt``: `vocabulary_tokenizer`), a ``vocab.txt`` file, or a
+hub name. Left null it is the model family's official tokenizer
 (`family_tokenizer`: ViLBERT ``bert-base-uncased``, UNITER ``bert-base-cased``, METER ``roberta-base``; a
 ``text_pretrained`` folder holding tokenizer files gives its own). Every training run saves its tokenizer
 into ``<output_dir>/tokenizer/`` (`save_tokenizer`), and ``finetune init=`` / ``evaluate checkpoint=`` use
@@ -27,7 +28,7 @@ TOKENIZER_DIR = "tokenizer"  # a run's own tokenizer: <output_dir>/tokenizer/
 # the files a tokenizer folder holds (any one set of them)
 FOLDER_FILES = (("tokenizer.json",), ("vocab.txt",), ("vocab.json", "merges.txt"), ("sentencepiece.bpe.model",),
                 ("spiece.model",))
-FILES_HELP = ("tokenizer.json, or vocab.txt (BERT WordPiece), or vocab.json + merges.txt (RoBERTa BPE), "
+FILES_HELP = ("tokenizer.json, or vocab.txt (BERT WordPiece, alone or with its configuration), or vocab.json + merges.txt (RoBERTa BPE), "
               "with tokenizer_config.json / special_tokens_map.json as save_pretrained writes them")
 PROBE_TIMEOUT = 3.0  # seconds to wait for the hub before calling it unreachable
 
@@ -115,6 +116,35 @@ def _help(name: str, key: str) -> str:
             "machine that reaches the hub)")
 
 
+def vocabulary_tokenizer(path: str | os.PathLike, key: str = "data.tokenizer") -> Any:
+    """A BERT WordPiece tokenizer (``BertTokenizerFast``) over a ``vocab.txt`` file, or a folder holding one, with
+    nothing else and no network: lower-casing when the vocabulary holds no upper-case word (as ``bert-base-uncased``),
+    BERT's special tokens, which the vocabulary must hold."""
+    from transformers import BertTokenizerFast
+
+    file = Path(path).expanduser()
+    file = file / "vocab.txt" if file.is_dir() else file
+    try:
+        words = [line.rstrip("\r") for line in file.read_text(encoding="utf-8").split("\n")]
+        words = words[:-1] if words and not words[-1] else words
+    except (OSError, UnicodeDecodeError) as err:
+        raise TokenizerError(f"{key}={path}: cannot read the vocabulary {file} ({err})") from err
+    special = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+    missing = [token for token in special if token not in words]
+    if missing:
+        raise TokenizerError(f"{key}={path}: the vocabulary {file} lacks BERT's special tokens {', '.join(missing)}; "
+                             "a vocab.txt holds one WordPiece token a line, [PAD] [UNK] [CLS] [SEP] [MASK] among them")
+    cased = any(word != word.lower() for word in words if word not in special and not word.startswith("[unused"))
+    vocab = {word: index for index, word in enumerate(words)}
+    return BertTokenizerFast(vocab=vocab, do_lower_case=not cased, model_max_length=512)
+
+
+def _vocabulary_only(folder: Path) -> bool:
+    """A folder whose only tokenizer file is a BERT ``vocab.txt`` (no configuration for AutoTokenizer to read)."""
+    return (folder / "vocab.txt").is_file() and not any(
+        (folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "config.json"))
+
+
 def on_this_machine(name: str) -> bool:
     """Whether tokenizer ``name`` loads without the network: ``shapes``, a local folder, or the hub's local cache."""
     return name == SHAPES or _looks_like_path(name) or _cached(name)
@@ -131,12 +161,16 @@ def build_tokenizer(name: str | os.PathLike | None, key: str = "data.tokenizer")
         return shapes_tokenizer()
     if _looks_like_path(name):
         folder = Path(name).expanduser()
+        if folder.is_file() and folder.suffix == ".txt":
+            return vocabulary_tokenizer(folder, key)
         if not folder.is_dir():
             raise TokenizerError(f"{key}={name}: no such folder; {_help(name, key)}")
         if not _has_tokenizer_files(folder):
             found = ", ".join(sorted(p.name for p in folder.iterdir())[:8]) or "nothing"
             raise TokenizerError(f"{key}={name}: the folder holds no tokenizer files (found {found}); it needs "
                                  f"{FILES_HELP}")
+        if _vocabulary_only(folder):
+            return vocabulary_tokenizer(folder, key)
         return _load(str(folder), key, local_only=True)
     if _cached(name):
         return _load(name, key, local_only=True)
@@ -162,4 +196,4 @@ def same_vocabulary(a: Any, b: Any) -> bool:
 
 
 __all__ = ["FILES_HELP", "SHAPES", "TOKENIZER_DIR", "TokenizerError", "build_tokenizer", "family_tokenizer",
-           "on_this_machine", "run_tokenizer", "same_vocabulary", "save_tokenizer"]
+           "on_this_machine", "run_tokenizer", "same_vocabulary", "save_tokenizer", "vocabulary_tokenizer"]

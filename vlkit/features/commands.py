@@ -31,10 +31,14 @@ def extract_features(cfg: DictConfig) -> int:
 
     from omegaconf import OmegaConf
 
+    from vlkit.features.detector.domain import check_detector
+
     processes = int(cfg.get("processes") or 1)
     if processes < 1:
         raise ValueError(f"processes={processes}: use a positive number of processes")
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if int(os.environ.get("RANK", "0")) == 0:
+        check_detector(image_files(cfg.images), cfg.detector)  # the shapes detector on other images: say so
     if processes > 1 and launched:
         raise ValueError(f"processes={processes} under a launcher that already started {os.environ['WORLD_SIZE']} "
                          "processes: leave processes=1 (the launcher decides the number)")

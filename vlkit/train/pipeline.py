@@ -322,6 +322,7 @@ def pretrain_model(env: Environment, model: VLModel, mix: Any, trainer_cfg: Any,
     check.check_masking(mix, env.tokenizer)
     dataset = pretraining_dataset(env)
     check.check_data("pre-training", dataset, model)
+    check_unknown_words(check, env, {"pre-training": dataset})
     run = run_record(model, env.data, _examples(dataset), objectives=mix, seed=seed)
     check_run(check, trainer_cfg, output_dir, seed, model, dataset, "pre-training", run)
     check.finish(output_dir)
@@ -358,6 +359,8 @@ def finetune_task(env: Environment, model: Any, task_cfg: Mapping[str, Any], tra
     if data is None:
         data = cls.build_data(task_cfg, env.tokenizer, env.image_source, env.world)
     check_task_data(check, name, data, model, eval_splits)
+    check_unknown_words(check, env, {f"{name} train": data.train,
+                                     **{f"{name} {s}": data.eval[s] for s in eval_splits if s in data.eval}})
     run = run_record(model, env.data, _examples(data.train), task=task_cfg, seed=seed)
     check_run(check, trainer_cfg, output_dir, seed, model, data.train, f"{name} train", run)
     check.finish(output_dir)
@@ -374,7 +377,7 @@ def finetune_task(env: Environment, model: Any, task_cfg: Mapping[str, Any], tra
                   data_source(env), run)
     metrics = evaluate_task(task, data, eval_splits, task_cfg.get("eval_batch_size", 64))
     info = {"kind": "finetune", "task": name, "family": task.model.family, "options": recordable_options(options),
-            "seed": seed, "data": env.data, "task_cfg": task_cfg, "steps": result.step, "metrics": metrics,
+            "seed": seed, "data": set_keys(env.data), "task_cfg": task_cfg, "steps": result.step, "metrics": metrics,
             "pretraining": pretraining}
     save_run(Path(output_dir), task, info, env.tokenizer)
     return task, data, result, metrics
@@ -387,6 +390,13 @@ def check_run(check: Any, trainer_cfg: Any, output_dir: str | Path, seed: int, m
     config = check.check_trainer(trainer_cfg, output_dir, seed, dataset, name)
     check.check_weights(model)
     check.check_resume(output_dir, config, run)
+
+
+def check_unknown_words(check: Any, env: Environment, sets: Mapping[str, Any]) -> None:
+    """The preflight of the text of each named set against the run's tokenizer (``data.max_unk_rate``)."""
+    for name, dataset in sets.items():
+        if dataset is not None:
+            check.check_unknown_words(name, dataset, env.tokenizer, env.data["tokenizer"], env.data.get("max_unk_rate"))
 
 
 def check_task_data(check: Any, name: str, data: Any, model: Any, eval_splits: tuple[str, ...]) -> None:
@@ -419,6 +429,14 @@ def evaluate_task(task: Any, data: Any, splits: tuple[str, ...], batch_size: int
             raise FloatingPointError(f"task {task.name!r}: {', '.join(nonfinite)} came out NaN or inf; not reported")
         out.update(scores)
     return out
+
+
+def set_keys(value: Any) -> Any:
+    """``value`` without the keys left unset (``???``: e.g. the caption file of a data set, which a fine-tuning on
+    a task's own files does not read), at every depth."""
+    if isinstance(value, dict):
+        return {k: set_keys(v) for k, v in value.items() if v != "???"}
+    return value
 
 
 def recordable_options(options: dict[str, Any]) -> dict[str, Any]:

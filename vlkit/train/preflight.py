@@ -9,7 +9,8 @@ Checked fully (cheap whatever the data size: metadata, indexes, configs):
 
 - the output folder: a previous run (a checkpoint) without ``resume=true``, a file in its place, no write
   permission; a run that failed before its first checkpoint does not block its rerun;
-- the tokenizer against the model's word embeddings and ``init=``'s saved tokenizer; the mix's masking
+- the tokenizer against the model's word embeddings and ``init=``'s saved tokenizer, and against the text: the
+  share of its tokens that are ``[UNK]`` (on up to 5,000 texts of each set) above ``data.max_unk_rate``; the mix's masking
   options (known keys; the text policy against the tokenizer: ``whole_word`` needs WordPiece ``##`` tokens);
 - ``init=``: the saved model's family against an explicit ``model=``, explicit ``model.<field>`` values
   that the saved model would silently override;
@@ -256,6 +257,35 @@ class Preflight:
             self.problem("objectives: text_masking.policy=whole_word needs a WordPiece tokenizer (word starts from its "
                          f"'##' continuations); the tokenizer has none ({type(tokenizer).__name__}, {len(tokenizer)} "
                          "tokens): use policy=hf_wwm (every token a word, as HF does without '##') or bernoulli")
+
+    def check_unknown_words(self, name: str, dataset: Any, tokenizer: Any, tokenizer_name: str,
+                            max_rate: Any = None, key: str = "data.max_unk_rate") -> None:
+        """The share of ``dataset``'s text tokens that ``tokenizer`` maps to ``[UNK]`` (`vlkit.data.unknown`, on a
+        sample), noted in preflight.json; above ``max_rate`` (``key``, default 0.05) a problem naming the rate,
+        the unknown words, the key and the value that allows it."""
+        import math
+
+        from vlkit.data.unknown import MAX_UNK_RATE, dataset_texts, unknown_tokens
+
+        max_rate = MAX_UNK_RATE if max_rate is None else max_rate
+        if isinstance(max_rate, bool) or not isinstance(max_rate, (int, float)) or not 0 <= max_rate <= 1:
+            self.problem(f"{key}={max_rate} must be a number from 0 to 1 (the share of [UNK] tokens accepted)")
+            return
+        texts = dataset_texts(dataset)
+        found = unknown_tokens(tokenizer, texts) if texts else None
+        if found is None:
+            return
+        self.notes.setdefault(name, {})["unknown_tokens"] = found.summary()
+        if found.rate <= max_rate:
+            return
+        words = ", ".join(f"{w!r} ({n}x)" for w, n in found.words.most_common(6))
+        allow = math.ceil(found.rate * 100) / 100
+        self.problem(f"{name} data: {found.rate:.1%} of the text's tokens ({found.unknown:,} of {found.tokens:,}, in "
+                     f"{found.texts_with_unknown:,} of {found.texts:,} texts) are unknown to "
+                     f"data.tokenizer={tokenizer_name} and become [UNK]" + (f", e.g. {words}" if words else "") +
+                     f"; {key}={max_rate:g} accepts at most {max_rate:.0%}: give a tokenizer that knows these words "
+                     f"(data.tokenizer=, e.g. a folder holding a vocab.txt of your own: docs/datasets.md, Tokenizers), "
+                     f"or allow it with {key}={allow:g}")
 
     @staticmethod
     def check_task(task_cls: Any, model: Any) -> None:
