@@ -146,12 +146,16 @@ def compose(command: str, overrides: list[str] | None = None):
     """The composed config of ``command`` with Hydra ``overrides`` (also handy in tests). A mistake in
     the overrides raises `UsageError` with the closest names vlkit knows. A fine-tuning or evaluation whose task
     reads its own files (``task.source=files``) and that gives its images (``data.image.*``) but no ``data=`` group
-    takes ``data=images``: the images and the tokenizer, no captions."""
+    takes ``data=images``: the images and the tokenizer, no captions (unless it sets a key that group lacks, such as
+    the default group's ``data.num_images``)."""
     cfg = _compose(command, overrides)
     keys = {o.partition("=")[0].lstrip("+~") for o in overrides or () if "=" in o}
     if (command in ("finetune", "evaluate") and "data" not in keys and any(k.startswith("data.image.") for k in keys)
             and (cfg.get("task") or {}).get("source") == "files"):
-        return _compose(command, ["data=images", *(overrides or [])])
+        try:
+            return _compose(command, ["data=images", *(overrides or [])])
+        except UsageError:  # a key of the default data group: it stays
+            pass
     return cfg
 
 
@@ -446,13 +450,15 @@ def _check_missing(command: str, cfg: Any) -> None:
     """`UsageError` naming every mandatory key (``???``) the command line leaves unset, with its meaning: ``vlkit
     pretrain data=coco`` needs ``data.path`` and ``data.image.path``. (``evaluate`` may take its data from the
     run, ``compare`` its config from ``manifest=`` and its dry run reads no data: their ``data.*`` is not required
-    here.)"""
+    here; a fine-tuning on its task's own files needs only ``data.image.*``.)"""
     from omegaconf import OmegaConf
 
     unset = OmegaConf.missing_keys(cfg)
     missing = [k for k in _flatten(OmegaConf.to_container(cfg, resolve=False)) if k in unset]  # in the file's order
     if command == "evaluate" or (command == "compare" and (cfg.get("manifest") or cfg.get("dry_run") is True)):
         missing = [k for k in missing if not k.startswith("data.")]
+    elif command == "finetune" and (cfg.get("task") or {}).get("source") == "files":  # no captions read: images only
+        missing = [k for k in missing if not k.startswith("data.") or k.startswith("data.image.")]
     if not missing:
         return
     comments = _comments(CONF_DIR / f"{command}.yaml")
