@@ -120,7 +120,9 @@ def main(cfg: Any, overrides: list[str] | None = None, started: float | None = N
     from vlkit.runtime import every
 
     started = time.time() if started is None else started
-    cfg = resolve_config(cfg)
+    from vlkit.train.commands import explicit_keys
+
+    cfg = resolve_config(cfg, explicit_keys(overrides) if overrides is not None else None)
     compare = cfg["compare"]
     _check_seeds(compare.get("seeds"))
     settings = ExecutorSettings(cfg)
