@@ -43,7 +43,7 @@ def _read(lock: Path) -> tuple[dict[str, Any] | None, bytes]:
     """The lock's record (None when unreadable: a writer killed between create and write) and its bytes."""
     try:
         raw = lock.read_bytes()
-    except FileNotFoundError:
+    except OSError:  # gone, or no folder there at all
         return None, b""
     try:
         record = json.loads(raw.decode("utf-8"))

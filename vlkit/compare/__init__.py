@@ -115,7 +115,7 @@ def main(cfg: Any, overrides: list[str] | None = None, started: float | None = N
     import torch
 
     from vlkit.compare.executors import ExecutorSettings, check_executor, retry_command
-    from vlkit.digests import known
+    from vlkit.digests import known, remember
     from vlkit.registry import EXECUTORS
     from vlkit.runtime import every
 
@@ -137,6 +137,10 @@ def main(cfg: Any, overrides: list[str] | None = None, started: float | None = N
     comparison.check_trainers()
     executor_cls = EXECUTORS.get(compare.get("executor") or "local")
     check_executor(executor_cls, settings)  # its extra importable, its settings known: before any file is written
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    output_dir = Path(cfg.get("output_dir") or Path("outputs") / "compare" / stamp)
+    if cfg.get("resume") and (output_dir / PLAN_FILE).is_file():  # the digests of the last session: big files read once
+        remember(_saved_plan(cfg, output_dir, True).get("digests"))
     for unit in comparison.all_units():  # every unit's identity: its settings and the content of its input files
         comparison.unit_hash(unit)
     if cfg.get("dry_run"):
@@ -144,8 +148,6 @@ def main(cfg: Any, overrides: list[str] | None = None, started: float | None = N
 
         print(dry_run(comparison, settings))
         return 0
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    output_dir = Path(cfg.get("output_dir") or Path("outputs") / "compare" / stamp)
     comparison.output_dir = output_dir
     argv = list(overrides if overrides is not None else sys.argv[2:])
     _saved_plan(cfg, output_dir, bool(cfg.get("resume")))  # the folder's checks, before the data work
