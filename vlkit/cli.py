@@ -25,6 +25,7 @@ import importlib
 import inspect
 import os
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -442,7 +443,10 @@ def run(argv: list[str], started: float | None = None) -> int:
     except (TypeError, ValueError):
         parameters = {}
     given = {"overrides": overrides, "started": started}
-    result = fn(cfg, **{k: v for k, v in given.items() if k in parameters})
+    from vlkit.locks import hold
+
+    with hold(output_paths(command, cfg), command=shlex.join(["vlkit", *argv])):  # one writer per output folder
+        result = fn(cfg, **{k: v for k, v in given.items() if k in parameters})
     return result if isinstance(result, int) else 0
 
 
@@ -472,6 +476,31 @@ def _check_missing(command: str, cfg: Any) -> None:
     raise UsageError(f"vlkit {command}{' ' + ' '.join(chosen) if chosen else ''} needs {needs}: set "
                      f"{'it' if len(missing) == 1 else 'them'} on the command line, e.g. {missing[0]}=PATH "
                      f"(vlkit {command} --help lists every key)")
+
+
+def output_paths(command: str, cfg: Any) -> dict[str, str]:
+    """``{key: path}`` of what ``command`` writes (`vlkit.locks` holds a lock on each while it runs); none for
+    ``compare-report`` (it rewrites a running comparison's report), a dry run, and the ranks of a distributed
+    run after the first (the first holds them)."""
+    from omegaconf import OmegaConf
+
+    def value(key: str) -> Any:  # None for an absent or missing (???) key: the command names those itself
+        return OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+
+    if int(os.environ.get("RANK", "0") or 0) != 0 or value("dry_run") or command == "compare-report":
+        return {}
+    if command in ("pretrain", "finetune"):
+        keys = {"trainer.output_dir": value("trainer.output_dir")}
+    elif command == "evaluate":
+        checkpoint = value("checkpoint")
+        default = str(Path(checkpoint) / "eval.json") if checkpoint and Path(checkpoint).is_dir() else None
+        keys = {"output": value("output") or default,
+                "predictions": value("predictions")}
+    elif command == "merge-features":
+        keys = {"out": value("out")} if value("out") else {"src": value("src")}
+    else:
+        keys = {key: value(key) for key in ("output_dir", "dst", "out")}
+    return {key: str(path) for key, path in keys.items() if isinstance(path, (str, os.PathLike)) and str(path)}
 
 
 def _shutdown_distributed(barrier: bool) -> None:

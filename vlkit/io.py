@@ -14,6 +14,7 @@ import contextlib
 import errno
 import hashlib
 import io
+import json
 import os
 import pickle
 import shutil
@@ -337,6 +338,22 @@ def load_weights(module: Any, path: str | os.PathLike, device: Any = "cpu", stri
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+
+
+def read_json(path: str | os.PathLike, advice: str = "") -> Any:
+    """The JSON value held in ``path``. A file that holds no readable JSON (truncated, edited, not UTF-8) raises
+    `UnreadableFileError` naming it, where the parse failed, and ``advice`` (what to do about it); a missing
+    file `FileNotFoundError`."""
+    path = Path(path)
+    advice = f"; {advice}" if advice else ""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise UnreadableFileError(f"{path}: not UTF-8 text (byte {err.object[err.start:err.start + 1]!r} at offset "
+                                  f"{err.start}){advice}") from None
+    except json.JSONDecodeError as err:
+        raise UnreadableFileError(f"{path}: not readable JSON, truncated or damaged ({err.msg} at line {err.lineno}, "
+                                  f"column {err.colno}){advice}") from None
 
 
 def sha256_file(path: str | os.PathLike) -> str:

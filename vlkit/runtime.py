@@ -97,21 +97,29 @@ def every(interval: float, action: Any) -> Iterator[None]:
         thread.join()
 
 
-def process_started() -> float:
-    """When this process started (seconds since the epoch): a command's span includes the interpreter's start.
-    On Linux from ``/proc`` to the clock tick (psutil adds the boot time rounded to whole seconds: up to 1 s off);
-    elsewhere psutil's."""
+def process_started(pid: int | None = None) -> float:
+    """When process ``pid`` (default: this one) started (seconds since the epoch): a command's span includes the
+    interpreter's start, and a pid reused by another process shows another start (`vlkit.locks`). On Linux from
+    ``/proc`` to the clock tick (psutil adds the boot time rounded to whole seconds: up to 1 s off); elsewhere
+    psutil's. `ProcessLookupError` when no process ``pid`` exists."""
     try:
         ticks = os.sysconf("SC_CLK_TCK")
-        with open("/proc/self/stat") as f:  # field 22, starttime: clock ticks after boot
+        with open(f"/proc/{'self' if pid is None else int(pid)}/stat") as f:  # field 22, starttime: ticks after boot
             since_boot = int(f.read().rsplit(")", 1)[1].split()[19]) / ticks
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
         return time.time() - (uptime - since_boot)
+    except FileNotFoundError:
+        if pid is not None and os.path.isdir("/proc/self"):
+            raise ProcessLookupError(f"no process {pid}") from None
     except (OSError, ValueError, IndexError):
-        import psutil
+        pass
+    import psutil
 
-        return psutil.Process().create_time()
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        raise ProcessLookupError(f"no process {pid}") from None
 
 
 def set_threads(threads: int | None, preset: str | None = None) -> int:

@@ -42,7 +42,7 @@ from vlkit.compare.config import (RunSpec, drop_preset_title, look_sizes_of, obj
 from vlkit.compare.plan import plan_settings
 from vlkit.compare.scheduling import Comparison, Progress, digest
 from vlkit.compare.statistics import HEADLINE, mean_ci, paired_p_value, summarize
-from vlkit.compare.units import PLAN_FILE, UnitFolder, changed_keys, status
+from vlkit.compare.units import PLAN_FILE, UnitFolder, changed_keys, rerun_reason, status
 
 # Keys a resumed comparison may change: where and how units run, not what they compute.
 RESUME_SAFE = ("output_dir", "resume", "dry_run", "progress", "workers", "cache_dir", "manifest",
@@ -62,32 +62,51 @@ def _check_seeds(seeds: Any) -> None:
         raise ValueError(f"compare.seeds={seeds}: seed(s) {repeated} repeated; each seed is one independent replicate")
 
 
-def _plan(cfg: dict[str, Any], output_dir: Path, argv: list[str], resume: bool) -> Path:
-    """Write ``plan.json`` (the resolved config and the command) or, resuming, check the saved one: a
-    changed configuration is refused naming each key that changed (`RESUME_SAFE` keys may change, and the plan
-    then holds their new values and the resuming command)."""
+def _saved_plan(cfg: dict[str, Any], output_dir: Path, resume: bool) -> dict[str, Any] | None:
+    """The checks of `_plan`, which write nothing: the plan saved in ``output_dir`` when resuming (None for a new
+    comparison); a folder that holds something else, or a changed configuration, is refused."""
+    from vlkit.compare.report import dump_json
+    from vlkit.compare.units import PLAN_DAMAGED
+    from vlkit.io import read_json
+
+    path = output_dir / PLAN_FILE
+    if not (output_dir.exists() and any(output_dir.iterdir())):
+        return None
+    if not resume:
+        raise FileExistsError(f"{output_dir} is not empty: pass resume=true to go on with the comparison in it, "
+                              "or choose another output_dir= (results are never overwritten)")
+    if not path.is_file():
+        raise FileNotFoundError(f"resume=true: {output_dir} holds no {PLAN_FILE}, so it is not a vlkit comparison")
+    saved = read_json(path, PLAN_DAMAGED)
+    changed = changed_keys(saved["config"], json.loads(dump_json(_planned(cfg))), RESUME_SAFE)
+    if changed:
+        raise ValueError(f"resume=true: the configuration differs from the one {output_dir} was started with "
+                         f"({path}); changed: " + "; ".join(changed) + ". Rerun with the original settings, or "
+                         "use another output_dir")
+    return saved
+
+
+def _planned(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in cfg.items() if k not in ("output_dir", "resume", "dry_run")}
+
+
+def _plan(cfg: dict[str, Any], output_dir: Path, argv: list[str], resume: bool,
+          digests: dict[str, Any] | None = None) -> Path:
+    """Write ``plan.json`` (the resolved config, the command and the ``digests`` of the input files, `vlkit.digests`)
+    or, resuming, check the saved one (`_saved_plan`): a changed configuration is refused naming each key that
+    changed (`RESUME_SAFE` keys may change, and the plan then holds their new values and the resuming command).
+    Every check comes before the first write."""
     from vlkit.compare.report import dump_json
     from vlkit.io import atomic_write_text
 
     path = output_dir / PLAN_FILE
-    config = {k: v for k, v in cfg.items() if k not in ("output_dir", "resume", "dry_run")}
-    if output_dir.exists() and any(output_dir.iterdir()):
-        if not resume:
-            raise FileExistsError(f"{output_dir} is not empty: pass resume=true to go on with the comparison in it, "
-                                  "or choose another output_dir= (results are never overwritten)")
-        if not path.is_file():
-            raise FileNotFoundError(f"resume=true: {output_dir} holds no {PLAN_FILE}, so it is not a vlkit comparison")
-        saved = json.loads(path.read_text(encoding="utf-8"))
-        changed = changed_keys(saved["config"], json.loads(dump_json(config)), RESUME_SAFE)
-        if changed:
-            raise ValueError(f"resume=true: the configuration differs from the one {output_dir} was started with "
-                             f"({path}); changed: " + "; ".join(changed) + ". Rerun with the original settings, or "
-                             "use another output_dir")
-        # the resume-safe keys as this session sets them (its workers and later reports read them from here)
-        atomic_write_text(path, dump_json({**saved, "config": config, "argv": argv}))
-        return path
-    output_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, dump_json({"config": config, "argv": argv, "created": time.time()}))
+    saved = _saved_plan(cfg, output_dir, resume)
+    record = {"config": _planned(cfg), "argv": argv, "digests": digests or {}}
+    if saved is None:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        record["created"] = time.time()
+    # resuming: the resume-safe keys as this session sets them (its workers and later reports read them from here)
+    atomic_write_text(path, dump_json({**(saved or {}), **record}))
     return path
 
 
@@ -96,12 +115,15 @@ def main(cfg: Any, overrides: list[str] | None = None, started: float | None = N
     command began, else now: the session's start in the account, `vlkit.compare.account`)."""
     import torch
 
-    from vlkit.compare.executors import ExecutorSettings, retry_command
+    from vlkit.compare.executors import ExecutorSettings, check_executor, retry_command
+    from vlkit.digests import known, remember
     from vlkit.registry import EXECUTORS
     from vlkit.runtime import every
 
     started = time.time() if started is None else started
-    cfg = resolve_config(cfg)
+    from vlkit.train.commands import explicit_keys
+
+    cfg = resolve_config(cfg, explicit_keys(overrides) if overrides is not None else None)
     compare = cfg["compare"]
     if not cfg.get("manifest"):
         from vlkit.train.commands import explicit_keys
@@ -115,19 +137,27 @@ def main(cfg: Any, overrides: list[str] | None = None, started: float | None = N
     comparison = Comparison(cfg, Path(cfg.get("output_dir") or "."), progress=cfg.get("progress", True))
     check_claims(compare.get("claims") or [], [s.name for s in comparison.specs])
     look_sizes_of(compare)
+    comparison.check_models()
     comparison.check_task_sources()
     comparison.check_trainers()
     executor_cls = EXECUTORS.get(compare.get("executor") or "local")
+    check_executor(executor_cls, settings)  # its extra importable, its settings known: before any file is written
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    output_dir = Path(cfg.get("output_dir") or Path("outputs") / "compare" / stamp)
+    if cfg.get("resume") and (output_dir / PLAN_FILE).is_file():  # the digests of the last session: big files read once
+        remember(_saved_plan(cfg, output_dir, True).get("digests"))
+    for unit in comparison.all_units():  # every unit's identity: its settings and the content of its input files
+        comparison.unit_hash(unit)
     if cfg.get("dry_run"):
         from vlkit.compare.estimate import dry_run
 
         print(dry_run(comparison, settings))
         return 0
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    output_dir = Path(cfg.get("output_dir") or Path("outputs") / "compare" / stamp)
     comparison.output_dir = output_dir
     argv = list(overrides if overrides is not None else sys.argv[2:])
-    plan_path = _plan(cfg, output_dir, argv, bool(cfg.get("resume")))
+    _saved_plan(cfg, output_dir, bool(cfg.get("resume")))  # the folder's checks, before the data work
+    _prepare_environments(comparison, settings)
+    plan_path = _plan(cfg, output_dir, argv, bool(cfg.get("resume")), known())
     session = Session.begin(output_dir, started, shlex.join(["vlkit", "compare", *argv]), compare.get("executor") or "local")
     try:
         with every(heartbeat, session.beat):
@@ -154,19 +184,24 @@ def main(cfg: Any, overrides: list[str] | None = None, started: float | None = N
     return 0
 
 
-def _run_session(comparison: Comparison, executor_cls: Any, plan_path: Path, settings: Any
-                 ) -> tuple[dict[str, dict[str, Any]], list[int]]:
-    """This session's work: the shared features, then every unit not finished before, look after look (a stop by
-    SIGTERM / SIGINT starts nothing new). Returns the outcomes and the signals that stopped it."""
+def _prepare_environments(comparison: Comparison, settings: Any) -> None:
+    """Every run's data, the shared features extracted once (into the cache, not the output folder), before the plan
+    is written: data that cannot be read fails here and leaves the output folder as it was."""
     import torch
 
     previous = torch.get_num_threads()
     torch.set_num_threads(settings.workers * settings.threads)  # no unit runs yet: the extraction takes their cores
     try:
-        for spec in comparison.specs:  # extract shared features once, before any unit starts
+        for spec in comparison.specs:
             comparison.environment(spec)
     finally:
         torch.set_num_threads(previous)
+
+
+def _run_session(comparison: Comparison, executor_cls: Any, plan_path: Path, settings: Any
+                 ) -> tuple[dict[str, dict[str, Any]], list[int]]:
+    """This session's work: every unit not finished before, look after look (a stop by SIGTERM / SIGINT starts
+    nothing new). Returns the outcomes and the signals that stopped it."""
     executor = executor_cls(plan_path, settings)
     stop, stopped_by = threading.Event(), []
 
@@ -197,8 +232,13 @@ def _run_look(comparison: Comparison, executor: Any, settings: Any, stop: thread
     units = comparison.all_units()
     keys = {comparison.key(u): u for u in units}
     hashes = {k: comparison.unit_hash(u) for k, u in keys.items()}
-    reused = [k for k in keys if UnitFolder(comparison.unit_dir(keys[k]), k).finished(hashes[k]) is not None]
+    states = {k: UnitFolder(comparison.unit_dir(keys[k]), k).read() for k in keys}
+    reused = [k for k in keys if status(states[k], hashes[k]) == "finished"]
     todo = [k for k in keys if k not in reused]
+    for key in todo:  # a unit finished before that runs again says why
+        reason = rerun_reason(states[key], hashes[key], comparison.unit_config(keys[key]))
+        if reason:
+            print(f"vlkit compare: {key} runs again: {reason}", file=sys.stderr, flush=True)
     seeds = len(comparison.all_seeds())
     comparison.say(f"{len(comparison.specs)} run(s) x {seeds} seed(s) = {len(units)} units of work"
                    + (f" ({len(reused)} finished before, reused)" if reused else "")
@@ -334,7 +374,10 @@ def report_main(cfg: Any) -> int:
     plan = output_dir / PLAN_FILE
     if not plan.is_file():
         raise FileNotFoundError(f"{plan} is missing: {output_dir} is not the output_dir of a vlkit comparison")
-    comparison = Comparison(json.loads(plan.read_text(encoding="utf-8"))["config"], output_dir, progress=False)
+    from vlkit.compare.units import PLAN_DAMAGED
+    from vlkit.io import read_json
+
+    comparison = Comparison(read_json(plan, PLAN_DAMAGED)["config"], output_dir, progress=False)
     print(report_from_folder(comparison))
     return 0
 

@@ -31,18 +31,52 @@ class RunSpec:
         return self.model["name"]
 
 
-def resolve_config(cfg: Any) -> dict[str, Any]:
-    """The comparison as plain data: from ``manifest=`` when given, else the composed config."""
+# Keys a command line may set beside ``manifest=``: where and how the units run, not what they compute.
+MANIFEST_RUN_KEYS = ("output_dir", "resume", "dry_run", "workers", "progress", "cache_dir", "compare.retries",
+                     "compare.executor", "compare.slurm", "compare.ray", "compare.heartbeat_s")
+
+
+def _select(config: Any, key: str, default: Any = None) -> Any:
+    for part in key.split("."):
+        if not isinstance(config, dict) or part not in config:
+            return default
+        config = config[part]
+    return config
+
+
+def resolve_config(cfg: Any, explicit: set[str] | None = None) -> dict[str, Any]:
+    """The comparison as plain data: from ``manifest=`` when given, else the composed config. With a manifest the
+    command line's `MANIFEST_RUN_KEYS` apply; any other key it sets (``explicit``) to a value the manifest does not
+    hold is refused, named with both values: the manifest's comparison is what runs."""
+    from vlkit.io import read_json
+
     cfg = pipeline.plain(cfg)
-    if cfg.get("manifest"):
-        manifest = json.loads(Path(cfg["manifest"]).read_text())
-        resolved = manifest["config"]
-        for key in ("output_dir", "resume", "dry_run", "workers", "progress"):  # how to run it, from the command line
-            if key in cfg:
-                resolved[key] = cfg[key]
-        resolved["expected_data_hash"] = manifest["data"]["hash"]
-        return resolved
-    return cfg
+    if not cfg.get("manifest"):
+        return cfg
+    manifest = read_json(cfg["manifest"], "manifest= names the manifest.json of a finished comparison")
+    resolved = manifest["config"]
+    unset = object()
+    conflicts = []
+    for key in sorted(explicit or ()):
+        if key == "manifest" or any(key == k or key.startswith(k + ".") for k in MANIFEST_RUN_KEYS):
+            continue
+        given, recorded = _select(cfg, key, unset), _select(resolved, key, unset)
+        if given is not unset and json.dumps(given, sort_keys=True, default=str) != \
+                json.dumps(recorded, sort_keys=True, default=str):
+            shown = "not set" if recorded is unset else json.dumps(recorded, default=str)
+            conflicts.append(f"{key}={json.dumps(given, default=str)} (the manifest has {shown})")
+    if conflicts:
+        raise ValueError(f"manifest={cfg['manifest']} reruns the comparison it records, and the command line changes "
+                         f"it: {'; '.join(conflicts)}. Drop those keys to rerun the manifest, or run the changed "
+                         f"comparison without manifest=. Beside manifest= you may set: {', '.join(MANIFEST_RUN_KEYS)}")
+    for key in MANIFEST_RUN_KEYS:  # how to run it, from the command line (the first five always, as before)
+        given = any(k == key or k.startswith(key + ".") for k in explicit or ())
+        value = _select(cfg, key, unset)
+        if value is not unset and (given or key in MANIFEST_RUN_KEYS[:5]):
+            node, _, leaf = key.rpartition(".")
+            (resolved.setdefault(node, {}) if node else resolved)[leaf] = value
+    resolved["expected_data_hash"] = manifest["data"]["hash"]
+    return resolved
 
 
 def unit_threads(cfg: dict[str, Any]) -> int:

@@ -20,10 +20,19 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from vlkit.extras import require
 from vlkit.registry import register_executor
 
 # An executor class is ``cls(plan_path, settings)`` (`ExecutorSettings`) with ``slots`` (units at once),
-# ``submit(key)``, ``wait(timeout) -> [(key, outcome)]`` and ``close()`` (stop what still runs).
+# ``submit(key)``, ``wait(timeout) -> [(key, outcome)]`` and ``close()`` (stop what still runs); an optional
+# ``check(settings)`` refuses settings it cannot run with before the comparison writes anything (`check_executor`).
+
+
+def check_executor(executor_cls: Any, settings: "ExecutorSettings") -> None:
+    """The executor's own checks (its extra importable, its settings known), before any file is written."""
+    check = getattr(executor_cls, "check", None)
+    if check is not None:
+        check(settings)
 
 
 class ExecutorSettings:
@@ -151,15 +160,20 @@ class LocalExecutor:
     launch over them); without GPUs, ``workers`` processes of ``threads`` torch threads. A worker that dies
     takes only its unit with it (outcome ``died``) and is replaced."""
 
+    @staticmethod
+    def check(settings: ExecutorSettings) -> None:
+        g = settings.gpus_per_unit
+        if g > 0 and len(visible_gpus()) < g:
+            raise ValueError(f"compare.gpus_per_unit={g}, but this machine shows {len(visible_gpus())} GPU(s)")
+
     def __init__(self, plan_path: Path, settings: ExecutorSettings):
         import multiprocessing
 
         self.plan_path, self.context = str(plan_path), multiprocessing.get_context("spawn")
         g = settings.gpus_per_unit
+        self.check(settings)
         if g > 0:
             gpus = visible_gpus()
-            if len(gpus) < g:
-                raise ValueError(f"compare.gpus_per_unit={g}, but this machine shows {len(gpus)} GPU(s)")
             groups = [",".join(gpus[i:i + g]) for i in range(0, len(gpus) - g + 1, g)]
             self.envs = [{"CUDA_VISIBLE_DEVICES": group} for group in groups]
         else:
@@ -276,9 +290,13 @@ class SlurmExecutor:
     finished. ``compare.slurm.cluster=local`` runs the same jobs as local processes (submitit's local
     executor), ``debug`` in this process; unset: SLURM when ``sbatch`` is there."""
 
-    def __init__(self, plan_path: Path, settings: ExecutorSettings):
-        import submitit
+    @staticmethod
+    def check(settings: ExecutorSettings) -> None:
+        require("submitit", "compare.executor=slurm")
+        slurm_parameters(settings)
 
+    def __init__(self, plan_path: Path, settings: ExecutorSettings):
+        submitit = require("submitit", "compare.executor=slurm")
         self.plan_path = str(plan_path)
         folder = settings.slurm.get("folder") or str(Path(plan_path).parent / "slurm" / "%j")
         self.executor = submitit.AutoExecutor(folder=folder, cluster=settings.slurm.get("cluster"))
@@ -326,9 +344,12 @@ class RayExecutor:
     ``compare.ray.max_concurrent`` (default: ``workers``) at once. The output folder must be on storage
     every node sees."""
 
-    def __init__(self, plan_path: Path, settings: ExecutorSettings):
-        import ray
+    @staticmethod
+    def check(settings: ExecutorSettings) -> None:
+        require("ray", "compare.executor=ray")
 
+    def __init__(self, plan_path: Path, settings: ExecutorSettings):
+        ray = require("ray", "compare.executor=ray")
         self.ray, self.plan_path = ray, str(plan_path)
         address = settings.ray.get("address")
         if not ray.is_initialized():

@@ -150,6 +150,23 @@ class Comparison:
             tasks.append(name)
         return tasks
 
+    def check_models(self) -> None:
+        """Refuse, before any work, a run whose model (family, preset, fields) or objective mix cannot be built,
+        naming the run: a typo in a comparison file fails here, not after the plan is written."""
+        from vlkit.models.base import split_model_config
+        from vlkit.objectives.mix import check_mix
+        from vlkit.registry import MODELS
+
+        for spec in self.specs:
+            try:
+                name, preset, overrides = split_model_config(spec.model)
+                MODELS.get(name).config_class.from_preset(preset, **overrides)
+                mix = objective_mix(spec)
+                if mix is not None:
+                    check_mix(mix)
+            except (LookupError, ValueError, TypeError, OSError) as err:
+                raise ValueError(f"compare: run {spec.name}: {describe(err)}") from None
+
     def check_task_sources(self) -> None:
         """Refuse, before any work, a fine-tuning that reads the shapes world's annotations (``source: shapes``,
         the default) in a run whose data is not the shapes world: it would fail only after its pre-training."""
@@ -208,21 +225,23 @@ class Comparison:
         return self.output_dir / "runs" / self.key(unit)
 
     def unit_config(self, unit: Unit) -> dict[str, Any]:
-        """Everything that decides a unit's result (its hash is the unit's identity on disk); a fine-tuning
-        of the pre-trained variant includes its pre-training's."""
+        """Everything that decides a unit's result (its hash is the unit's identity on disk): its settings and the
+        content of every file they name (``inputs``: path -> sha256, `vlkit.digests`; absent when they name none,
+        as in the shapes world); a fine-tuning of the pre-trained variant includes its pre-training's."""
         spec = self.specs[unit.run]
         common = {"model": spec.model, "data": run_data(self.cfg["data"], spec), "seed": unit.seed, "threads": self.cfg.get("threads"),
                   "gpus_per_unit": self.compare.get("gpus_per_unit") or 0, "eval_split": self.compare.get("eval_split", "val")}
         if unit.is_pretrain:
             zero_shot = "retrieval" in self.compare["tasks"] and self.compare.get("zero_shot", True)
-            return {**common, "kind": "pretrain", "mix": objective_mix(spec),
-                    "trainer": self.unit_trainer(unit),
-                    "itm_pairs": self.compare.get("itm_pairs", 2000),
-                    "zero_shot": self.task_cfg("retrieval", spec) if zero_shot else None}
+            config = {**common, "kind": "pretrain", "mix": objective_mix(spec),
+                      "trainer": self.unit_trainer(unit),
+                      "itm_pairs": self.compare.get("itm_pairs", 2000),
+                      "zero_shot": self.task_cfg("retrieval", spec) if zero_shot else None}
+            return _with_inputs(config)
         parent = unit.depends_on()
-        return {**common, "kind": "finetune", "variant": unit.variant, "task": self.task_cfg(unit.task, spec),
-                "trainer": self.unit_trainer(unit),
-                "pretraining": self.unit_config(parent) if parent else None}
+        return _with_inputs({**common, "kind": "finetune", "variant": unit.variant, "task": self.task_cfg(unit.task, spec),
+                             "trainer": self.unit_trainer(unit),
+                             "pretraining": self.unit_config(parent) if parent else None})
 
     def unit_hash(self, unit: Unit) -> str:
         """The hash of `unit_config`, computed once per unit (it reads every task's YAML)."""
@@ -350,6 +369,19 @@ class Comparison:
     def _zero_shot(self, env, pre: Any, spec: RunSpec) -> dict[str, float]:
         task_cfg = self.task_cfg("retrieval", spec)
         return zero_shot_retrieval(pre, task_cfg, self.task_data(env, task_cfg), self.compare.get("eval_split", "val"))
+
+
+def describe(err: BaseException) -> str:
+    """An error's message (a `KeyError`'s without its quotes)."""
+    return str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+
+
+def _with_inputs(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with ``inputs``: the digest of every file its settings name (a pre-training's are in its own)."""
+    from vlkit.digests import input_digests
+
+    inputs = input_digests({k: v for k, v in config.items() if k != "pretraining"})
+    return {**config, "inputs": inputs} if inputs else config
 
 
 def _pretraining_digest(dataset: Any) -> str:

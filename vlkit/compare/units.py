@@ -28,6 +28,8 @@ TRACEBACK_FILE = "traceback.txt"
 LOG_FILE = "unit.log"
 HEARTBEAT_FILE = "heartbeat"
 PLAN_FILE = "plan.json"
+PLAN_DAMAGED = ("the plan of the comparison in its folder: restore it (a copy, or the manifest.json of a finished "
+                "report), or start the comparison afresh in another output_dir")
 
 
 @dataclass(frozen=True, order=True)
@@ -95,18 +97,21 @@ class UnitFolder:
         return self.directory / UNIT_FILE
 
     def read(self) -> dict[str, Any] | None:
-        """The unit's state, or None when it never started (a corrupt file counts as never started)."""
+        """The unit's state, or None when it never started. A damaged file (truncated, edited: vlkit writes it
+        whole) raises `vlkit.io.UnreadableFileError` naming it: what it recorded would otherwise be lost."""
+        from vlkit.io import read_json
+
         try:
-            return json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            return read_json(self.path, f"the record of unit {self.key}: restore it, or delete it to run the unit "
+                                        "again")
+        except FileNotFoundError:
             return None
 
     def finished(self, unit_hash: str) -> dict[str, Any] | None:
-        """The result of a finished attempt of this very configuration, else None."""
+        """The result of a finished attempt of this very configuration (and inputs), as it was recorded (its
+        ``result_digest`` verified), else None."""
         state = self.read()
-        if state and state.get("state") == "finished" and state.get("hash") == unit_hash:
-            return state["result"]
-        return None
+        return state["result"] if status(state, unit_hash) == "finished" else None
 
     def _write(self, state: dict[str, Any]) -> None:
         from vlkit.compare.report import dump_json
@@ -130,6 +135,8 @@ class UnitFolder:
         """Record an attempt as running (session, host, pid, time); an earlier attempt still marked running died:
         it ends at its last heartbeat. Returns the attempt's number."""
         previous = self.read() or {}
+        if previous and status(previous, unit_hash) in ("stale", "altered"):
+            self.clear()  # trained on other inputs, or a result nobody can vouch for: start afresh
         attempt = int(previous.get("attempt", 0)) + 1
         attempts = [close_attempt(a, self.last_seen()) for a in previous.get("attempts", [])]
         now = time.time()
@@ -138,6 +145,18 @@ class UnitFolder:
         self._write({"unit": self.key, "state": "running", "hash": unit_hash, "config": config, "attempt": attempt,
                      "host": socket.gethostname(), "pid": os.getpid(), "started": now, "attempts": attempts})
         return attempt
+
+    def clear(self) -> None:
+        """Remove what earlier attempts wrote (checkpoints, weights, metrics) but the unit's record and log."""
+        import shutil
+
+        for path in self.directory.iterdir() if self.directory.is_dir() else ():
+            if path.name in (UNIT_FILE, LOG_FILE, HEARTBEAT_FILE):
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
 
     def _ended(self, attempt: int, state: str) -> tuple[float, list[dict[str, Any]]]:
         """The end time and the attempts with attempt ``attempt`` ended as ``state``."""
@@ -149,8 +168,10 @@ class UnitFolder:
     def finish(self, unit_hash: str, config: dict[str, Any], attempt: int, result: dict[str, Any]) -> None:
         (self.directory / TRACEBACK_FILE).unlink(missing_ok=True)
         ended, attempts = self._ended(attempt, "finished")
+        from vlkit.digests import result_digest
+
         self._write({"unit": self.key, "state": "finished", "hash": unit_hash, "config": config, "attempt": attempt,
-                     "ended": ended, "result": result, "attempts": attempts})
+                     "ended": ended, "result": result, "result_digest": result_digest(result), "attempts": attempts})
 
     def fail(self, unit_hash: str, config: dict[str, Any], attempt: int, error: BaseException, trace: str) -> None:
         from vlkit.io import atomic_write_text
@@ -173,11 +194,17 @@ def close_attempt(attempt: dict[str, Any], last_seen: float | None) -> dict[str,
 
 def status(state: dict[str, Any] | None, unit_hash: str) -> str:
     """How the report shows a unit: ``finished``, ``failed``, ``running`` (or ``died`` when its process on
-    this host is gone), ``stale`` (finished under another configuration) or ``missing``."""
+    this host is gone), ``stale`` (finished under another configuration or other input files), ``altered`` (a
+    finished result that no longer matches its ``result_digest``: edited after the unit wrote it) or ``missing``."""
+    from vlkit.digests import result_digest
+
     if state is None:
         return "missing"
     if state.get("hash") != unit_hash:
         return "stale"
+    if state.get("state") == "finished" and "result_digest" in state and \
+            result_digest(state.get("result")) != state["result_digest"]:
+        return "altered"
     if state["state"] == "running" and state.get("host") == socket.gethostname() and not _alive(state.get("pid")):
         return "died"
     return state["state"]
@@ -191,3 +218,21 @@ def _alive(pid: Any) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def rerun_reason(state: dict[str, Any] | None, unit_hash: str, config: dict[str, Any]) -> str | None:
+    """Why a unit that finished before runs again (None when it did not finish before): its result was altered,
+    or what changed in its configuration, an input file's content included (``inputs.<path>``)."""
+    if not state or state.get("state") != "finished":
+        return None
+    found = status(state, unit_hash)
+    if found == "altered":
+        return f"its result in {UNIT_FILE} was edited after the unit wrote it (result_digest does not match)"
+    if found != "stale":
+        return None
+    changed = changed_keys(state.get("config") or {}, json.loads(json.dumps(config, default=str)), ())
+    inputs = [c for c in changed if c.startswith("inputs.") or c.startswith("pretraining.inputs.")]
+    shown = inputs or changed
+    more = f" and {len(shown) - 3} more" if len(shown) > 3 else ""
+    what = "input file(s) changed" if inputs else "configuration changed"
+    return f"{what} since it finished: " + "; ".join(shown[:3]) + more if shown else "its configuration hash changed"

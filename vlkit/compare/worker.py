@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import os
 import sys
@@ -24,10 +23,14 @@ _COMPARISONS: dict[str, Any] = {}  # plan path -> Comparison: environments and t
 
 def comparison_of(plan_path: str | Path) -> Any:
     from vlkit.compare.scheduling import Comparison
+    from vlkit.compare.units import PLAN_DAMAGED
+    from vlkit.digests import remember
+    from vlkit.io import read_json
 
     plan_path = str(Path(plan_path).resolve())
     if plan_path not in _COMPARISONS:
-        plan = json.loads(Path(plan_path).read_text(encoding="utf-8"))
+        plan = read_json(plan_path, PLAN_DAMAGED)
+        remember(plan.get("digests"))  # the input files' digests the comparison computed: read once
         _COMPARISONS[plan_path] = Comparison(plan["config"], Path(plan_path).parent, progress=False)
     return _COMPARISONS[plan_path]
 

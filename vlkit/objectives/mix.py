@@ -105,6 +105,18 @@ def build_objective(name: str, model: VLModel, **options: Any) -> Objective:
     return cls(model, **options)
 
 
+def check_mix(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` (a `load_mix` mix) when its modes are known and it names registered objectives, else `ValueError` /
+    `vlkit.registry.UnknownNameError`: a mix is checked before any model or data is built."""
+    sampling, masking = cfg.get("sampling", "per_batch"), cfg.get("masking", "conditional")
+    if sampling not in ("per_batch", "sum") or masking not in ("conditional", "joint"):
+        raise ValueError(f"objective mix: sampling must be per_batch|sum and masking conditional|joint; got "
+                         f"{sampling!r}, {masking!r}")
+    for name in cfg.get("objectives") or {}:
+        OBJECTIVES.get(name)
+    return cfg
+
+
 class Pretraining(nn.Module):
     """The pre-training module: the model, the objectives' heads, and the mixture that drives a step.
 
@@ -115,14 +127,11 @@ class Pretraining(nn.Module):
 
     def __init__(self, model: VLModel, mix: Any, tokens: TokenInfo | None = None, seed: int | None = None):
         super().__init__()
-        cfg = load_mix(mix)
+        cfg = check_mix(load_mix(mix))
         self.mix = cfg
         self.model = model
         self.sampling = cfg.get("sampling", "per_batch")
         self.masking = cfg.get("masking", "conditional")
-        if self.sampling not in ("per_batch", "sum") or self.masking not in ("conditional", "joint"):
-            raise ValueError(f"objective mix: sampling must be per_batch|sum and masking conditional|joint; got "
-                             f"{self.sampling!r}, {self.masking!r}")
         self.seed = int(cfg.get("seed", 0) if seed is None else seed)
         self.mask_only_matched = bool(cfg.get("mask_only_matched", False))
         self.text_masking = {"prob": 0.15, "policy": "bernoulli", **(cfg.get("text_masking") or {})}

@@ -42,9 +42,36 @@ def _model_and_preflight(cfg, overrides: Sequence[str] | None):
     model_cfg = pipeline.plain(cfg.model)
     before = len(check.problems)
     saved = check.check_init(cfg.get("init"), model_cfg, explicit_keys(overrides))
+    _check_init_on_resume(check, cfg, explicit_keys(overrides))
     if len(check.problems) > before:
         check.finish()  # the model to build is unclear: stop before preparing any data for it
     return (saved if saved is not None else model_cfg), check
+
+
+def _check_init_on_resume(check: Any, cfg: Any, explicit: set[str]) -> None:
+    """``init=`` with ``resume=true``: a resumed run continues from its own checkpoint, so an ``init=`` it did not
+    start from would be ignored (and its tokenizer differ): a problem about init= and resume=, not the tokenizer."""
+    from vlkit.data.tokenizers import run_tokenizer
+    from vlkit.train import checkpoint as ckpt
+    from vlkit.train.trainer import CHECKPOINTS
+
+    init, out = cfg.get("init"), cfg.trainer.get("output_dir")
+    if not (init and cfg.resume and out):
+        return
+    path = ckpt.latest_checkpoint(Path(out) / CHECKPOINTS)
+    if path is None:
+        return  # nothing to resume: init= starts the run
+    try:
+        started = ((ckpt.read_state(path, verify=False).get("run") or {}).get("data") or {}).get("tokenizer")
+    except ckpt.CheckpointError:
+        return  # check_resume names the damaged checkpoint
+    ours = cfg.data.get("tokenizer") if "data.tokenizer" in explicit else run_tokenizer(init)
+    if started is None or ours is None or str(started) == str(ours):
+        return  # the run started from this init= (the same command again): resume it
+    check.problem(f"init={init} with resume=true: trainer.output_dir={out} holds a run ({path}) that did not start "
+                  f"from init={init} (its tokenizer is {started!r}, init='s {ours!r}); resume=true continues that run "
+                  "from its own checkpoint, so init= would be ignored: drop init= to resume it, or drop resume=true "
+                  "and choose another trainer.output_dir to start a run from init=")
 
 
 def _run_data(data_cfg: Any, run: str | Path | None, given: Any, explicit: set[str]) -> dict[str, Any]:
