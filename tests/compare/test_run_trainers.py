@@ -37,7 +37,8 @@ def test_a_runs_finetune_trainer_applies_after_the_comparisons_per_task(tmp_path
 
 
 @pytest.mark.parametrize("override, error, message", [
-    ("{lr_multt: 5}", ValueError, "run meter, vqa fine-tuning trainer: Key 'lr_multt' not in 'TrainerConfig'"),
+    ("{lr_multt: 5}", ValueError,
+         r"run meter, vqa fine-tuning trainer: trainer.lr_multt is not a trainer setting \(did you mean trainer.lr_mult\?\)"),
     ("{tasks: {retrieval: {lr_mult_head: -1}}}", ValueError,
      "run meter, retrieval fine-tuning trainer: trainer.lr_mult_head must be >= 0"),
     ("{tasks: {vqaa: {lr_mult_head: 50}}}", KeyError, r"runs\[meter\].finetune_trainer.tasks: unknown task\(s\) \['vqaa'\]"),

@@ -157,11 +157,16 @@ def test_bf16_on_a_cpu_without_native_bf16_warns(tmp_path, tiny, monkeypatch, ca
 def test_activation_checkpointing_and_adamw_options(tmp_path, tiny, pairs):
     """Checkpointed blocks recompute the same dropout masks: the same losses; the official AdamW rule and
     torch's differ (eps and decay placement) but both train."""
-    plain = _fit(tiny, pairs, output_dir=tmp_path / "a", max_steps=3)
+    plain_module, hf_module = tiny.make_module(), tiny.make_module()
+    plain = _fit(tiny, pairs, module=plain_module, output_dir=tmp_path / "a", max_steps=3)
     ckpt = _fit(tiny, pairs, output_dir=tmp_path / "b", max_steps=3, activation_checkpointing=True)
     assert tiny.losses(ckpt) == tiny.losses(plain)
-    hf = _fit(tiny, pairs, output_dir=tmp_path / "c", max_steps=3, adamw_rule="hf", adamw_impl="foreach")
-    assert tiny.losses(hf)[0] == tiny.losses(plain)[0] and tiny.losses(hf) != tiny.losses(plain)
+    hf = _fit(tiny, pairs, module=hf_module, output_dir=tmp_path / "c", max_steps=3, adamw_rule="hf",
+              adamw_impl="foreach")
+    # the rules differ by a few ulp per step: in the weights (a 3-step loss may round to the same float)
+    assert tiny.losses(hf)[0] == tiny.losses(plain)[0] and all(math.isfinite(x) for x in tiny.losses(hf))
+    assert any(not torch.equal(a, b) for a, b in zip(plain_module.state_dict().values(),
+                                                      hf_module.state_dict().values()))
     with pytest.raises(ValueError, match="adamw_rule"):
         TrainerConfig(adamw_rule="sgd")
 

@@ -141,7 +141,8 @@ def main(cfg: Any, overrides: list[str] | None = None, started: float | None = N
     comparison.check_task_sources()
     comparison.check_trainers()
     executor_cls = EXECUTORS.get(compare.get("executor") or "local")
-    check_executor(executor_cls, settings)  # its extra importable, its settings known: before any file is written
+    if not cfg.get("dry_run"):  # a dry run plans for the machines it will run on, not for this one
+        check_executor(executor_cls, settings)  # its extra importable, its settings known: before any file is written
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     output_dir = Path(cfg.get("output_dir") or Path("outputs") / "compare" / stamp)
     if cfg.get("resume") and (output_dir / PLAN_FILE).is_file():  # the digests of the last session: big files read once
