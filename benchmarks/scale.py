@@ -114,7 +114,7 @@ def one(args) -> dict:
            "steps": len(timer.times), "examples_per_s": rate, "examples_per_cpu_s": cpu_rate,
            "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            "losses": [r["loss"] for r in result.history]}
-    from vlkit.train.distributed import shutdown
+    from vlkit.runtime import shutdown
 
     shutdown()
     return out

@@ -20,11 +20,21 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from vlkit.registry import (CONVERTERS, DATASETS, ENCODERS, HEADS, MODELS, OBJECTIVES, TASKS, Registry,
+from vlkit.registry import (CONVERTERS, DATASETS, ENCODERS, EXECUTORS, HEADS, MODELS, OBJECTIVES, TASKS, Registry,
                             UnknownNameError, register_converter, register_dataset, register_encoder, register_head,
                             register_model, register_objective, register_task)
 from vlkit.types import Encoded, LossOutput, VLBatch, VLOutput
 from vlkit.version import __version__
+
+# The home of each registry: the module whose import registers its built-in entries (a package's __init__ imports
+# its own files), imported on the registry's first look-up. Written here, with the lazy names below (the one table
+# of string imports the layer check allows the bottom floor), so that vlkit.registry names no room above it.
+_HOMES = {"vlkit.models": (MODELS, HEADS, ENCODERS), "vlkit.objectives": (OBJECTIVES,), "vlkit.tasks": (TASKS,),
+          "vlkit.data": (DATASETS,), "vlkit.compare.executors": (EXECUTORS,), "vlkit.convert": (CONVERTERS,)}
+for _home, _registries in _HOMES.items():
+    for _registry in _registries:
+        _registry.home = _home
+del _home, _registries, _registry
 
 # public name -> module that defines it (imported on first access)
 _LAZY = {

@@ -1,8 +1,12 @@
 """One `Registry` class and the registries every room of vlkit uses.
 
-Built-in entries register themselves when their module is imported; third-party packages add
-entries through the ``vlkit.plugins`` entry-point group (each entry point is imported, and called
-if it is callable). Task heads are keyed by ``(task, family)`` (`HeadRegistry`): a family registers
+Built-in entries register themselves when their module is imported: each registry has a home, the
+package whose import registers its built-ins (timm/LAVIS style: ``vlkit.models``' ``__init__`` imports its
+family files, ``vlkit.tasks``' its tasks ...), imported once on the registry's first look-up. This floor names
+no room above it: the homes of the registries made here are set by the package root, the facade that names
+the rest lazily (``vlkit/__init__.py``); a registry made in its own room passes ``home=__name__`` or none.
+Third-party packages add entries through the ``vlkit.plugins`` entry-point group (each entry point is
+imported, and called if it is callable). Task heads are keyed by ``(task, family)`` (`HeadRegistry`): a family registers
 its own heads beside its model, and a task falls back to the generic heads registered without a
 family. Converters of released checkpoints are keyed by family with the key signature of its files
 (`ConverterRegistry`), which also answers which family a state dict is.
@@ -21,19 +25,6 @@ from typing import Any, Callable, Iterator
 
 PLUGIN_GROUP = "vlkit.plugins"
 
-_FAMILY_MODULES = ["vlkit.models.vilbert", "vlkit.models.uniter", "vlkit.models.meter"]
-# Modules that register the built-in entries of each registry, imported on first look-up so that
-# `import vlkit` stays cheap.
-_BUILTIN_MODULES = {
-    "model": _FAMILY_MODULES,
-    "head": ["vlkit.models.heads", *_FAMILY_MODULES],
-    "encoder": ["vlkit.models.encoders"],
-    "objective": ["vlkit.objectives"],
-    "task": ["vlkit.tasks.vqa", "vlkit.tasks.retrieval", "vlkit.tasks.nlvr2", "vlkit.tasks.refexp", "vlkit.tasks.snli_ve"],
-    "dataset": ["vlkit.data.datasets", "vlkit.data.stream"],
-    "executor": ["vlkit.compare.executors"],
-    "converter": ["vlkit.convert.vilbert", "vlkit.convert.uniter", "vlkit.convert.meter"],
-}
 _plugins_loaded = False
 
 
@@ -85,8 +76,9 @@ def load_plugins() -> None:
 class Registry:
     """A name -> object table with a decorator to fill it and helpful errors on unknown names."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, home: str | None = None):
         self.kind = kind
+        self.home = home  # the module whose import registers the built-in entries (None: they need no import)
         self._entries: dict[str, Any] = {}
 
     def register(self, name: str | None = None, *, override: bool = False) -> Callable[[Any], Any]:
@@ -119,8 +111,8 @@ class Registry:
         return self._entries.get(key)
 
     def _load_builtins(self) -> None:
-        for module in _BUILTIN_MODULES.get(self.kind, []):
-            importlib.import_module(module)
+        if self.home:
+            importlib.import_module(self.home)  # once: later calls find it in sys.modules
 
     def _populate(self) -> None:
         self._load_builtins()

@@ -121,5 +121,9 @@ def task_options(task: nn.Module) -> dict[str, Any]:
     return {k: v for k, v in options.items() if v is not None}
 
 
+# the built-in families' converters register themselves (this package is the home of vlkit.CONVERTERS); at the end:
+# they import this package's names first. In this order: a state dict's family is looked up in registration order
+from vlkit.convert import vilbert, uniter, meter  # noqa: E402,F401
+
 __all__ = ["ConversionError", "OfficialConverter", "OfficialReport", "Source", "PRETRAINING", "MODEL", "converter",
            "detect_family", "from_official", "read_official", "save_converted", "task_options"]

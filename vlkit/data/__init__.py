@@ -8,6 +8,7 @@ from vlkit.data.pairs import ImageTextPairs, build_pairs
 from vlkit.data.shapes import ShapesWorld, shapes_tokenizer, write_shapes
 from vlkit.data.stream import StreamedPairs
 from vlkit.data.tokenizers import TokenizerError, build_tokenizer
+from vlkit.data import datasets  # noqa: F401,E402  (register the built-in datasets: the home of vlkit.DATASETS)
 
 __all__ = [
     "FixedSizeBatchSampler", "TokenBucketSampler", "padded_units", "padding_fraction", "FormatError",
