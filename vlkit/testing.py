@@ -20,11 +20,12 @@ import dataclasses
 import math
 import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
-from vlkit.models.base import DATA_SIZES, VLModel, build_model, from_pretrained
+from vlkit.models.base import CONFIG_NAME, DATA_SIZES, WEIGHTS_NAME, VLModel, build_model, from_pretrained
 from vlkit.objectives.mix import build_pretraining
 from vlkit.registry import HEADS, MODELS, TASKS
 from vlkit.tasks import IncompatibleTask, build_task
@@ -166,7 +167,9 @@ class FamilyContract:
         batch = self.example_batch(model)
         with tempfile.TemporaryDirectory() as tmp:
             model.save_pretrained(tmp)
+            saved = sorted(p.name for p in Path(tmp).iterdir())
             loaded = from_pretrained(tmp).eval()
+        assert saved == sorted([CONFIG_NAME, WEIGHTS_NAME]), f"{self.family}: save_pretrained wrote {saved}"
         assert type(loaded) is type(model) and loaded.config_to_save() == model.config_to_save(), \
             f"{self.family}: from_pretrained gives {type(loaded).__name__} {loaded.config_to_save()}"
         with torch.no_grad():
