@@ -14,8 +14,6 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 # them many times slower: the whole suite runs single-threaded.
 torch.set_num_threads(1)
 
-FAMILIES = ("vilbert", "uniter", "meter")
-
 
 def pytest_configure(config):
     """CI tests the installed wheel: ``VLKIT_FORBID_SOURCE=<checkout>`` fails the run if vlkit comes from there."""

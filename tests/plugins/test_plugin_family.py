@@ -13,16 +13,20 @@ import torch
 
 import vlkit
 from vlkit.cli import main
+from vlkit.testing import FamilyContract
 from vlkit.train import TrainerConfig
 
 PACKAGE = Path(__file__).resolve().parent / "vlkit_vilt"
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)  # the contract class below needs it too
 def plugin(install_plugin):
     """The package pip-installed into a temporary target (found through its entry point), then removed."""
     return install_plugin("vlkit_vilt", "vlkit_vilt", "vilt")
+
+
+class TestViltContract(FamilyContract): family = "vilt"  # noqa: E701 (vlkit.testing's suite, one line)
 
 
 def test_the_family_joins_every_registry(plugin, tmp_path):

@@ -14,15 +14,19 @@ import torch
 import vlkit
 from vlkit.cli import main
 from vlkit.convert import ConversionError, detect_family, from_official
+from vlkit.testing import FamilyContract
 from vlkit.train.preflight import PreflightError
 
 PACKAGE = Path(__file__).resolve().parent / "vlkit_visualbert"
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)  # the contract class below needs it too
 def plugin(install_plugin):
     return install_plugin("vlkit_visualbert", "vlkit_visualbert", "visualbert")
+
+
+class TestVisualBertContract(FamilyContract): family = "visualbert"  # noqa: E701 (vlkit.testing's suite, one line)
 
 
 def official_layout(model: vlkit.VLModel) -> dict[str, torch.Tensor]:

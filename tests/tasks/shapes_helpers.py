@@ -14,6 +14,8 @@ from vlkit.data.images import PixelSource, RegionSource, build_transform
 from vlkit.data.shapes import ShapesWorld, shapes_tokenizer
 from vlkit.features.store import FeatureStoreWriter
 
+# The built-ins, whose official heads, losses and image sources the task tests pin; what every registered family
+# must do (each task head builds and backprops) is vlkit.testing's suite, run over vlkit.list_models().
 FAMILIES = ("vilbert", "uniter", "meter")
 FEATURE_DIM = 256  # the tiny presets' v_feature_size
 

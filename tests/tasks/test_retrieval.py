@@ -15,7 +15,8 @@ from vlkit.data.shapes import COLORS, KINDS, SIZES, ShapesWorld, write_shapes
 from vlkit.objectives import build_objective, build_pretraining
 from vlkit.tasks.retrieval import Retrieval, RetrievalSet, image_similarity
 
-FAMILIES = ("vilbert", "uniter", "meter")
+from shapes_helpers import FAMILIES
+
 NO_DROPOUT = {"vilbert": dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, v_hidden_dropout_prob=0.0,
                               v_attention_probs_dropout_prob=0.0),
               "uniter": dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
