@@ -10,7 +10,8 @@ Composing in Python: `build_processor` (a `VLProcessor`: tokenizer, images, coll
 The extension API (a new family in its own package, found through the ``vlkit.plugins`` entry point):
 `register_model` with `VLModel` / `ModelConfig`, `register_head` with the head bases (`Head`,
 `JointClassifier`, `PairClassifier`, `RegionScorer`, `RankHead`), `register_objective` with
-`Objective`, and the shared layers (`BertLayer`, `Pooler`, `run_single_stream`, `init_bert_weights` ...).
+`Objective`, `register_corruption` with `Corruption` (a view an objective scores), and the shared layers
+(`BertLayer`, `Pooler`, `run_single_stream`, `init_bert_weights` ...).
 Names other than the registries and the contracts load on first use, so ``import vlkit`` stays light.
 """
 from __future__ import annotations
@@ -20,17 +21,18 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from vlkit.registry import (CONVERTERS, DATASETS, ENCODERS, EXECUTORS, HEADS, MODELS, OBJECTIVES, TASKS, Registry,
-                            UnknownNameError, register_converter, register_dataset, register_encoder, register_head,
-                            register_model, register_objective, register_task)
+from vlkit.registry import (CONVERTERS, CORRUPTIONS, DATASETS, ENCODERS, EXECUTORS, HEADS, MODELS, OBJECTIVES, TASKS,
+                            Registry, UnknownNameError, register_converter, register_corruption, register_dataset,
+                            register_encoder, register_head, register_model, register_objective, register_task)
 from vlkit.types import Encoded, LossOutput, VLBatch, VLOutput
 from vlkit.version import __version__
 
 # The home of each registry: the module whose import registers its built-in entries (a package's __init__ imports
 # its own files), imported on the registry's first look-up. Written here, with the lazy names below (the one table
 # of string imports the layer check allows the bottom floor), so that vlkit.registry names no room above it.
-_HOMES = {"vlkit.models": (MODELS, HEADS, ENCODERS), "vlkit.objectives": (OBJECTIVES,), "vlkit.tasks": (TASKS,),
-          "vlkit.data": (DATASETS,), "vlkit.compare.executors": (EXECUTORS,), "vlkit.convert": (CONVERTERS,)}
+_HOMES = {"vlkit.models": (MODELS, HEADS, ENCODERS), "vlkit.objectives": (OBJECTIVES, CORRUPTIONS),
+          "vlkit.tasks": (TASKS,), "vlkit.data": (DATASETS,), "vlkit.compare.executors": (EXECUTORS,),
+          "vlkit.convert": (CONVERTERS,)}
 for _home, _registries in _HOMES.items():
     for _registry in _registries:
         _registry.home = _home
@@ -48,6 +50,7 @@ _LAZY = {
     **dict.fromkeys(("BertTextEmbeddings", "box_locations", "interpolate_pos_embed"), "vlkit.models.embeddings"),
     **dict.fromkeys(("Objective", "PassContext", "IncompatibleObjective", "PredictionHeadTransform"),
                     "vlkit.objectives.base"),
+    "Corruption": "vlkit.objectives.corruption",
     **dict.fromkeys(("Task", "TaskData", "IncompatibleTask"), "vlkit.tasks.base"),
     **dict.fromkeys(("list_models", "build_model", "from_pretrained", "list_pretrained", "list_objectives",
                      "build_objective", "build_pretraining", "list_tasks", "build_task"), "vlkit.api"),
@@ -95,9 +98,9 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "CONVERTERS", "DATASETS", "ENCODERS", "HEADS", "MODELS", "OBJECTIVES", "TASKS", "Registry", "UnknownNameError",
-    "register_converter", "register_dataset", "register_encoder", "register_head", "register_model",
-    "register_objective", "register_task",
+    "CONVERTERS", "CORRUPTIONS", "DATASETS", "ENCODERS", "HEADS", "MODELS", "OBJECTIVES", "TASKS", "Registry",
+    "UnknownNameError", "register_converter", "register_corruption", "register_dataset", "register_encoder",
+    "register_head", "register_model", "register_objective", "register_task",
     "Encoded", "LossOutput", "VLBatch", "VLOutput",
     "__version__", *_LAZY, *_CALLABLE_PACKAGES,
 ]

@@ -82,8 +82,9 @@ class PredictionHeadTransform(nn.Module):
 class Objective(nn.Module, metaclass=abc.ABCMeta):
     """One pre-training objective with its own head.
 
-    ``view`` names what the mixture must do to the batch for it: ``text`` (mask tokens),
-    ``regions`` (mask regions), ``patches`` (mask patches) or ``pairs`` (mix in mismatched pairs).
+    ``view`` names what the mixture must do to the batch for it, a registered corruption
+    (`vlkit.objectives.corruption`): ``text`` (mask tokens), ``regions`` (mask regions), ``patches`` (mask
+    patches), ``pairs`` (mix in mismatched pairs) or a plugin's own; ``unimodal``: the clean batch, unfused.
     Subclasses check their model in ``check`` (raising `IncompatibleObjective`) and score a pass in
     ``forward(out, batch, ctx)``.
     """
@@ -99,6 +100,10 @@ class Objective(nn.Module, metaclass=abc.ABCMeta):
     # offers retrieval a matching score of fused pairs (`match_score`): zero-shot retrieval scores with it, and a
     # comparison measures its held-out matching accuracy (ITM)
     offers_scorer: ClassVar[bool] = False
+    # mixes mismatched pairs into a batch, for the ``pairs`` view (ITM): `pair_sources` and `swap`, replacing the
+    # ``negatives`` side ("image" or "text") of the rows it makes negative; the mixture asks the first such objective
+    makes_pairs: ClassVar[bool] = False
+    negatives: str = "image"
     # shows how it aligns words with regions: a comparison plots `alignment` under this title (WRA's transport
     # plan), the colour bar labelled ``alignment_unit``; None: it shows nothing
     alignment_title: ClassVar[str | None] = None
@@ -128,6 +133,23 @@ class Objective(nn.Module, metaclass=abc.ABCMeta):
         image [B, K])`` bool masks (None: that side is not read), or None when it reads every state (the
         default). The mixture lets the model compute the last layers at those positions only."""
         return (None, None) if self.joint_only else None
+
+    def pair_sources(self, batch: VLBatch, generator: torch.Generator,
+                     similarity: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Which row lends each row its ``negatives`` side: ``(source [B], matched [B] bool)``, for an objective
+        that ``makes_pairs`` (``similarity`` [B, B]: the partner of a negative is its most similar row)."""
+        raise TypeError(f"objective {self.name!r} makes no pairs")
+
+    def swap(self, batch: VLBatch, source: Tensor) -> VLBatch:
+        """Row i of ``batch`` takes the ``negatives`` side of row ``source[i]``, for an objective that
+        ``makes_pairs``."""
+        raise TypeError(f"objective {self.name!r} makes no pairs")
+
+    def make_pairs(self, batch: VLBatch, generator: torch.Generator,
+                   similarity: Tensor | None = None) -> tuple[VLBatch, Tensor]:
+        """Mix mismatched pairs into ``batch``: ``(new_batch, matched [B] bool)`` (`pair_sources`, then `swap`)."""
+        source, matched = self.pair_sources(batch, generator, similarity)
+        return self.swap(batch, source), matched
 
     def match_score(self, out: VLOutput) -> Tensor:
         """[B] how well each fused pair of ``out`` matches (higher = better), for an objective that

@@ -79,6 +79,7 @@ class ImageTextMatching(Objective):
     view = "pairs"
     joint_only = True
     offers_scorer = True
+    makes_pairs = True
 
     def __init__(self, model: VLModel, negatives: str = "image", split: str = "bernoulli", neg_prob: float = 0.5,
                  match_index: int = 1, dropout: float = 0.0):
@@ -101,12 +102,6 @@ class ImageTextMatching(Objective):
             is_negative = torch.rand(b, generator=generator) < self.neg_prob
         source, negative = choose_negatives(batch, is_negative, generator, similarity)
         return source, ~negative
-
-    def make_pairs(self, batch: VLBatch, generator: torch.Generator,
-                   similarity: Tensor | None = None) -> tuple[VLBatch, Tensor]:
-        """Mix mismatched pairs into ``batch``: ``(new_batch, matched [B] bool)``."""
-        source, matched = self.pair_sources(batch, generator, similarity)
-        return self.swap(batch, source), matched
 
     def swap(self, batch: VLBatch, source: Tensor) -> VLBatch:
         return swap_images(batch, source) if self.negatives == "image" else swap_texts(batch, source)

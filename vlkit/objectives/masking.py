@@ -13,16 +13,13 @@ from torch import Tensor
 
 from vlkit.types import VLBatch
 
-__all__ = ["IGNORE_INDEX", "MASKING_OPTIONS", "TOKEN_POLICIES", "mask_patches", "mask_regions", "mask_tokens",
+__all__ = ["IGNORE_INDEX", "MASK_PROB", "TOKEN_POLICIES", "mask_patches", "mask_regions", "mask_tokens",
            "word_starts_from_tokens"]
 
 IGNORE_INDEX = -100
 TokenPolicy = Literal["bernoulli", "whole_word", "hf_wwm"]
 TOKEN_POLICIES = ("bernoulli", "whole_word", "hf_wwm")
-# the options a mix's text_masking / region_masking / patch_masking may set (the rest the mixture passes itself)
-MASKING_OPTIONS = {"text_masking": ("prob", "policy", "force_one", "hf_length"),
-                   "region_masking": ("prob", "zero_prob", "min_masked"),
-                   "patch_masking": ("prob", "min_masked", "exact")}
+MASK_PROB = 0.15  # BERT's share of masked positions, every primitive's default (the mixture's views read them)
 _HF_MAX_PREDICTIONS = 512  # DataCollatorForWholeWordMask._whole_word_mask(max_predictions=512)
 
 
@@ -96,7 +93,7 @@ def mask_tokens(
     vocab_size: int,
     special_ids: Sequence[int],
     generator: torch.Generator,
-    prob: float = 0.15,
+    prob: float = MASK_PROB,
     random_range_start: int = 0,
     policy: TokenPolicy = "bernoulli",
     word_starts: Tensor | None = None,
@@ -166,7 +163,7 @@ def mask_tokens(
     return masked.to(device), labels.to(device)
 
 
-def mask_regions(batch: VLBatch, *, generator: torch.Generator, prob: float = 0.15, zero_prob: float = 1.0,
+def mask_regions(batch: VLBatch, *, generator: torch.Generator, prob: float = MASK_PROB, zero_prob: float = 1.0,
                  min_masked: int = 1, sample_mask: Tensor | None = None) -> tuple[VLBatch, Tensor]:
     """MRM masking: ``(new_batch, masked [B, K] bool)``.
 
@@ -189,7 +186,7 @@ def mask_regions(batch: VLBatch, *, generator: torch.Generator, prob: float = 0.
     return batch.replace(region_feats=feats, region_masked=chosen), chosen
 
 
-def mask_patches(pixel_values: Tensor, patch_size: int, *, generator: torch.Generator, prob: float = 0.15,
+def mask_patches(pixel_values: Tensor, patch_size: int, *, generator: torch.Generator, prob: float = MASK_PROB,
                  min_masked: int = 1, exact: bool = False) -> tuple[Tensor, Tensor]:
     """MIM masking (METER Table 7): ``(pixels with masked patches zeroed, masked [B, N] bool)``.
 

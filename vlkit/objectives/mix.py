@@ -12,8 +12,9 @@ how their losses combine. A mix is the YAML of ``conf/objectives/*.yaml``:
 A *pass* is one forward of the model over a corrupted copy of the batch. ``conditional`` runs one
 pass per view (masked text, masked regions, masked patches, mixed pairs: METER's two forward
 passes); ``joint`` runs a single pass that mixes in negatives and masks every modality the mix
-masks, independently (ViLBERT). Objectives of the ``unimodal`` view (``itc``) get their own pass over
-the clean batch that runs only ``encode_text`` / ``encode_image``. ``every_step: true`` runs an
+masks, independently (ViLBERT). A view is a registered `vlkit.objectives.corruption.Corruption`, its
+options the mix's block of its ``options_key`` (``text_masking`` ...). Objectives of the ``unimodal`` view
+(``itc``) get their own pass over the clean batch that runs only ``encode_text`` / ``encode_image``. ``every_step: true`` runs an
 objective at every step on top of the drawn unit (``per_batch``), as ``vlkit compare`` adds ``itc``. Randomness comes from ``(seed, step)`` (objective choice: the same
 on every rank and every accumulation micro-batch) and ``(seed, micro_step)`` (masks, negatives).
 """
@@ -31,13 +32,12 @@ from torch import Tensor, nn
 from vlkit.io import config_dir
 from vlkit.models.base import VLModel
 from vlkit.objectives.base import IncompatibleObjective, Objective, PassContext, TokenInfo
-from vlkit.objectives.masking import mask_patches, mask_regions, mask_tokens
-from vlkit.registry import OBJECTIVES
+from vlkit.objectives.corruption import BASE_KEYS, Corruption, masking_options, views
+from vlkit.registry import CORRUPTIONS, OBJECTIVES, UnknownNameError
 from vlkit.types import Encoded, LossOutput, VLBatch
 
-MIX_KEYS = ("sampling", "masking", "seed", "mask_only_matched", "text_masking", "region_masking", "patch_masking",
-            "objectives")
-MASK_VIEWS = ("text", "regions", "patches")
+# the modes of a mix when it names none (its views' options: `vlkit.objectives.corruption`)
+DEFAULTS = {"sampling": "per_batch", "masking": "conditional", "seed": 0, "mask_only_matched": False}
 UNIMODAL = "unimodal"  # a pass of encode_text / encode_image over the clean batch, no fusion
 PRESET_DIR = config_dir() / "objectives"
 
@@ -51,6 +51,11 @@ class Unit:
     weight: float = 1.0
     every_step: bool = False
     companions: dict[str, float] = field(default_factory=dict)  # name -> weight
+
+
+def mix_keys() -> tuple[str, ...]:
+    """The keys of a mix: `BASE_KEYS` and the registered views' options blocks (``text_masking`` ...)."""
+    return (*BASE_KEYS[:-1], *masking_options(), BASE_KEYS[-1])
 
 
 def load_mix(mix: Any) -> dict[str, Any]:
@@ -71,14 +76,15 @@ def load_mix(mix: Any) -> dict[str, Any]:
         mix = OmegaConf.to_container(mix, resolve=True)
     if not isinstance(mix, Mapping):
         raise TypeError(f"an objective mix is a preset name or a mapping, not {type(mix).__name__}")
-    if mix and not set(mix) & set(MIX_KEYS) and set(mix) <= set(OBJECTIVES.names()):  # {objective: ratio}
+    keys = mix_keys()
+    if mix and not set(mix) & set(keys) and set(mix) <= set(OBJECTIVES.names()):  # {objective: ratio}
         mix = {"objectives": {name: {"ratio": value} if isinstance(value, (int, float)) else value
                               for name, value in mix.items()}}
-    unknown = sorted(set(mix) - set(MIX_KEYS))
+    unknown = sorted(set(mix) - set(keys))
     if unknown:
         short = f", or the short form {{objective: ratio}} of the objectives {', '.join(OBJECTIVES.names())}"
-        raise KeyError(f"objective mix: unknown key(s) {', '.join(unknown)}; keys: {', '.join(MIX_KEYS)}"
-                       f"{short if not set(mix) & set(MIX_KEYS) else ''}")
+        raise KeyError(f"objective mix: unknown key(s) {', '.join(unknown)}; keys: {', '.join(keys)}"
+                       f"{short if not set(mix) & set(keys) else ''}")
     if not mix.get("objectives"):
         raise KeyError("objective mix: 'objectives' is empty")
     return dict(mix)
@@ -108,7 +114,7 @@ def build_objective(name: str, model: VLModel, **options: Any) -> Objective:
 def check_mix(cfg: dict[str, Any]) -> dict[str, Any]:
     """``cfg`` (a `load_mix` mix) when its modes are known and it names registered objectives, else `ValueError` /
     `vlkit.registry.UnknownNameError`: a mix is checked before any model or data is built."""
-    sampling, masking = cfg.get("sampling", "per_batch"), cfg.get("masking", "conditional")
+    sampling, masking = (cfg.get(key, DEFAULTS[key]) for key in ("sampling", "masking"))
     if sampling not in ("per_batch", "sum") or masking not in ("conditional", "joint"):
         raise ValueError(f"objective mix: sampling must be per_batch|sum and masking conditional|joint; got "
                          f"{sampling!r}, {masking!r}")
@@ -130,13 +136,10 @@ class Pretraining(nn.Module):
         cfg = check_mix(load_mix(mix))
         self.mix = cfg
         self.model = model
-        self.sampling = cfg.get("sampling", "per_batch")
-        self.masking = cfg.get("masking", "conditional")
-        self.seed = int(cfg.get("seed", 0) if seed is None else seed)
-        self.mask_only_matched = bool(cfg.get("mask_only_matched", False))
-        self.text_masking = {"prob": 0.15, "policy": "bernoulli", **(cfg.get("text_masking") or {})}
-        self.region_masking = {"prob": 0.15, "zero_prob": 1.0, "min_masked": 1, **(cfg.get("region_masking") or {})}
-        self.patch_masking = {"prob": 0.15, "min_masked": 1, **(cfg.get("patch_masking") or {})}
+        cfg_or_default = {**DEFAULTS, **{k: v for k, v in cfg.items() if k in DEFAULTS}}
+        self.sampling, self.masking = cfg_or_default["sampling"], cfg_or_default["masking"]
+        self.seed = int(cfg_or_default["seed"] if seed is None else seed)
+        self.mask_only_matched = bool(cfg_or_default["mask_only_matched"])
         self.tokens = tokens or TokenInfo(vocab_size=model.vocab_size)
         self.objectives = nn.ModuleDict()
         self.units: list[Unit] = []
@@ -154,7 +157,16 @@ class Pretraining(nn.Module):
             objective.attach(self.objectives)
         if self.mask_only_matched and not any(o.view == "pairs" for o in self.objectives.values()):
             raise ValueError("objective mix: mask_only_matched needs an objective that mixes in pairs (itm)")
-        self.mask_views = {o.view for o in self.objectives.values()} & set(MASK_VIEWS)
+        for name, objective in self.objectives.items():
+            if objective.view != UNIMODAL and objective.view not in CORRUPTIONS:
+                raise UnknownNameError(f"objective mix: objective {name!r} scores the view {objective.view!r}, which "
+                                       f"no registered corruption makes; views: {', '.join(CORRUPTIONS.names())} (a "
+                                       "plugin registers its own with vlkit.register_corruption)")
+        # every registered view, with its options block of the mix, in the order a pass applies them
+        self.corruptions: dict[str, Corruption] = {
+            name: cls(self, cfg.get(cls.options_key) if cls.options_key else None) for name, cls in views().items()}
+        self.mask_views = {o.view for o in self.objectives.values()
+                           if o.view != UNIMODAL and self.corruptions[o.view].masks}
         self._keep_rows = "keep_rows" in inspect.signature(model.fuse).parameters  # the family prunes rows
         self._shared_sides: dict[str, bool] | None = None
 
@@ -194,7 +206,7 @@ class Pretraining(nn.Module):
             fused = [(n, w) for n, w in scored if self.objectives[n].view != UNIMODAL]
             unimodal = [(n, w) for n, w in scored if self.objectives[n].view == UNIMODAL]
             views = {self.objectives[n].view for n, _ in fused}
-            if views & set(MASK_VIEWS):
+            if views & self.mask_views:
                 views |= self.mask_views
             return ([(frozenset(views), fused)] if fused else []) + \
                 ([(frozenset([UNIMODAL]), unimodal)] if unimodal else [])
@@ -213,38 +225,13 @@ class Pretraining(nn.Module):
         """The first objective of the mix that shows a word-region alignment (`Objective.alignment_title`)."""
         return next((o for o in self.objectives.values() if o.alignment_title), None)
 
-    def _pair_maker(self) -> Objective:
-        makers = [o for o in self.objectives.values() if hasattr(o, "make_pairs")]
-        if not makers:
-            raise ValueError("objective mix: a pairs objective (e.g. wra) needs 'itm' in the mix to make pairs")
-        return makers[0]
-
     def corrupt(self, batch: VLBatch, views: frozenset[str], generator: torch.Generator) -> tuple[VLBatch, PassContext]:
         """Mix in pairs and mask what ``views`` ask for; the input batch is never modified."""
         rows = torch.arange(batch.batch_size, device=batch.device)
         ctx = PassContext(original=batch, text_from=rows, image_from=rows)
-        if "pairs" in views:
-            maker = self._pair_maker()
-            source, ctx.itm_match = maker.pair_sources(batch, generator)
-            batch = ctx.original = maker.swap(batch, source)
-            if maker.negatives == "image":
-                ctx.image_from = source
-            else:
-                ctx.text_from = source
-            if self.mask_only_matched:
-                ctx.score_rows = ctx.itm_match
-        if "text" in views:
-            ids, ctx.mlm_labels = self._mask_text(batch, generator)
-            batch = batch.replace(input_ids=ids)
-            ctx.text_from = None
-        if "regions" in views:
-            batch, ctx.region_masked = mask_regions(batch, generator=generator, **self.region_masking)
-            ctx.image_from = None
-        if "patches" in views:
-            pixels, ctx.patch_masked = mask_patches(batch.pixel_values, self.model.patch_size, generator=generator,
-                                                    **self.patch_masking)
-            batch = batch.replace(pixel_values=pixels)
-            ctx.image_from = None
+        for name, view in self.corruptions.items():
+            if name in views:
+                batch = view.apply(self, batch, ctx, generator)
         return batch, ctx
 
     def _fuse_options(self, wanted: list, batch: VLBatch, image: Encoded) -> dict[str, Any]:
@@ -266,17 +253,6 @@ class Pretraining(nn.Module):
             return out
 
         return {"keep_rows": tuple(union([w[side] for w in wanted], shapes[side]) for side in (0, 1))}
-
-    def _mask_text(self, batch: VLBatch, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        t = self.tokens
-        options = dict(self.text_masking)
-        word_starts = None
-        if t.continuation is not None and options["policy"] != "bernoulli":
-            word_starts = ~t.continuation.to(batch.input_ids.device)[batch.input_ids]
-        return mask_tokens(batch.input_ids, batch.attention_mask, mask_token_id=t.mask_token_id,
-                           vocab_size=t.vocab_size or self.model.vocab_size, special_ids=t.special_ids,
-                           random_range_start=t.random_range_start, generator=generator, word_starts=word_starts,
-                           hf_skip_ids=t.hf_skip_ids, **options)
 
     # -- a training step -------------------------------------------------------------------------
     def forward(self, batch: VLBatch, step: int = 0, micro_step: int | None = None,

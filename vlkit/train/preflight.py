@@ -238,19 +238,20 @@ class Preflight:
     def check_masking(self, mix: Any, tokenizer: Any) -> None:
         """The mix's masking options: unknown keys, an unknown ``text_masking.policy``, and ``whole_word`` with a
         tokenizer without WordPiece ``##`` tokens (its word starts come from them)."""
-        from vlkit.objectives.masking import MASKING_OPTIONS, TOKEN_POLICIES
+        from vlkit.objectives.corruption import MaskedText, masking_options
+        from vlkit.objectives.masking import TOKEN_POLICIES
         from vlkit.objectives.mix import load_mix
 
         try:
             cfg = load_mix(mix)
         except (KeyError, TypeError, ValueError, FileNotFoundError):
             return  # check_mix reports an unreadable mix
-        for block, known in MASKING_OPTIONS.items():
+        for block, known in masking_options().items():
             unknown = sorted(set(cfg.get(block) or {}) - set(known))
             if unknown:
                 self.problem(f"objectives: {block} has unknown option(s) {', '.join(unknown)}; it takes "
                              f"{', '.join(known)}")
-        policy = (cfg.get("text_masking") or {}).get("policy", "bernoulli")
+        policy = (cfg.get(MaskedText.options_key) or {}).get("policy", MaskedText.defaults["policy"])
         if policy not in TOKEN_POLICIES:
             self.problem(f"objectives: text_masking.policy={policy!r} is not one of {', '.join(TOKEN_POLICIES)}")
         elif policy == "whole_word" and not any(t.startswith("##") for t in tokenizer.get_vocab()):
