@@ -136,10 +136,10 @@ class UsageError(ValueError):
 
 
 def _register() -> None:
-    from vlkit.models.base import register_hydra_configs
+    from vlkit.config import register_model_configs
     from vlkit.train import register_hydra_configs as register_trainer_configs
 
-    register_hydra_configs()
+    register_model_configs()
     register_trainer_configs()
 
 

@@ -91,18 +91,16 @@ class _Config:
 
     def compose(self, command: str) -> tuple[Any, list[str]]:
         """(the composed config, the overrides the command reads its explicit keys from)."""
-        from omegaconf import OmegaConf, open_dict
-
         from vlkit.cli import compose
+        from vlkit.config import set_key
 
         cfg = compose(command, self.groups)
         explicit = list(self.groups)
-        with open_dict(cfg):
-            for key, value, merge, strict in self.values:
-                if strict == "key" or (strict and merge):
-                    _check_keys(command, cfg, key, None if strict == "key" else value)
-                OmegaConf.update(cfg, key, value, merge=merge, force_add=True)
-                explicit += [f"{leaf}=" for leaf in _leaves(key, value)]
+        for key, value, merge, strict in self.values:
+            if strict == "key" or (strict and merge):
+                _check_keys(command, cfg, key, None if strict == "key" else value)
+            set_key(cfg, key, value, merge=merge)
+            explicit += [f"{leaf}=" for leaf in _leaves(key, value)]
         from vlkit.settings import check_settings
 
         check_settings(command, cfg)  # as the console does: every value before any data work
@@ -111,21 +109,20 @@ class _Config:
 
 def _check_keys(command: str, cfg: Any, key: str, value: Any) -> None:
     """Every key of ``value`` (set at ``key``) is a key of the composed config, or lies under a free-form node."""
-    from omegaconf import DictConfig, OmegaConf
-
     from vlkit.cli import UsageError
+    from vlkit.config import is_mapping_node, is_missing
     from vlkit.registry import did_you_mean
 
     for leaf in _leaves(key, value):
         node, parts = cfg, leaf.split(".")
         for depth, part in enumerate(parts):
-            if not isinstance(node, DictConfig) or not node:
+            if not is_mapping_node(node) or not node:
                 break
             if part not in node.keys():  # (`in` is False for a ??? value)
                 where = ".".join(parts[:depth])
                 raise UsageError(f"vlkit {command}: unknown key {leaf!r}{did_you_mean(part, list(node))} (keys of "
                                  f"{where or 'the command'}: {', '.join(map(str, node))})")
-            node = None if OmegaConf.is_missing(node, part) else node[part]
+            node = None if is_missing(node, part) else node[part]
 
 
 def _leaves(prefix: str, value: Any) -> list[str]:

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 import torch
 
+from vlkit.config import plain
 from vlkit.models.base import ModelConfig, VLModel, from_pretrained, split_model_config
 from vlkit.registry import DATASETS, MODELS, TASKS
 from vlkit.train.resume import run_record
@@ -25,13 +26,6 @@ from vlkit.validate import DataError, SkipLog
 PRETRAINING_WEIGHTS = "pretraining.safetensors"
 TASK_WEIGHTS = "task.safetensors"
 RUN_INFO = "run.json"
-
-
-def plain(cfg: Any) -> Any:
-    """A DictConfig (or anything) as plain Python containers."""
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, (DictConfig, ListConfig)) else copy.deepcopy(cfg)
 
 
 def cache_dir(cfg_value: str | None = None) -> Path:
