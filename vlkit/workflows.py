@@ -168,7 +168,7 @@ def _data(config: _Config, data: Any, processor: Any, init: Any = None, cache_di
     needed: a task's own files). Without either, a run (``init``) keeps the data it was trained on."""
     if data is None and processor is None:
         if init is not None:
-            from vlkit.train.pipeline import read_run_info
+            from vlkit.runs import read_run_info
 
             recorded = read_run_info(init).get("data") if (Path(init) / "run.json").is_file() else None
             if recorded:
@@ -253,7 +253,7 @@ def _run(command: Any, cfg: Any, overrides: list[str]) -> int:
 
 def _run_result(kind: str, output_dir: str | Path, processor: Any = None) -> RunResult:
     """The result of the run in ``output_dir``; the ``processor`` it was given is saved beside its model."""
-    from vlkit.train.pipeline import read_run_info
+    from vlkit.runs import read_run_info
     from vlkit.train.trainer import read_metrics
 
     output_dir = Path(output_dir)
@@ -334,7 +334,7 @@ def evaluate(run: Any, *, split: str | None = None, eval_splits: Sequence[str] |
         config.groups.append(f"task={task}")
     elif task is not None:
         if not task.get("name"):  # keys of the run's own task (``task=<its name>`` on the command line)
-            from vlkit.train.pipeline import read_run_info
+            from vlkit.runs import read_run_info
 
             task = {"name": read_run_info(run).get("task"), **task}
         config.group("task", task)
