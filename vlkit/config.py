@@ -108,6 +108,44 @@ def set_overrides(cfg: Any, overrides: Iterable[str]) -> None:
             OmegaConf.update(cfg, override.key_or_group, override.value(), merge=False)
 
 
+def compose_errors() -> tuple[type[Exception], type[Exception], type[Exception]]:
+    """Hydra's (missing group option, unreadable override, composition failure) exception classes."""
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+
+    return MissingConfigException, OverrideParseException, ConfigCompositionException
+
+
+def compose_file(conf_dir: Path, name: str, overrides: list[str], job_name: str) -> Any:
+    """The config ``<conf_dir>/<name>.yaml`` composed by Hydra with ``overrides`` (``group=option``, ``key=value``)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3", job_name=job_name):
+        return compose(config_name=name, overrides=overrides)
+
+
+def group_options(conf_dir: Path, groups: Iterable[str], job_name: str) -> dict[str, list[str]]:
+    """``{group: its options, sorted}`` of each of ``groups`` that has options under ``conf_dir`` (and Hydra's
+    ConfigStore)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3", job_name=job_name):
+        loader = GlobalHydra.instance().config_loader()
+        return {g: sorted(loader.get_group_options(g)) for g in groups if loader.get_group_options(g)}
+
+
+def override_error(override: str) -> Exception | None:
+    """The exception Hydra raises reading the command-line override ``override``; None when it reads it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        OverridesParser.create().parse_overrides([override])
+    except OverrideParseException as err:
+        return err
+    return None
+
+
 class UnknownKeyError(KeyError):
     """A key the structured config lacks (``key``: its name)."""
 
