@@ -109,13 +109,9 @@ def _plain_keys(command: str, overrides: list[str]) -> tuple[list[str], list[str
 
 def _set_plain(cfg: Any, overrides: list[str]) -> None:
     """Set the plain-key overrides of `_plain_keys` on a composed config, their values read as Hydra reads values."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf, open_dict
+    from vlkit.config import set_overrides
 
-    parser = OverridesParser.create()
-    with open_dict(cfg):
-        for override in parser.parse_overrides(overrides):
-            OmegaConf.update(cfg, override.key_or_group, override.value(), merge=False)
+    set_overrides(cfg, overrides)
 
 
 def _name_user_files(err: Exception, copies: dict[Path, Path]) -> Exception:
@@ -136,10 +132,10 @@ class UsageError(ValueError):
 
 
 def _register() -> None:
-    from vlkit.models.base import register_hydra_configs
+    from vlkit.config import register_model_configs
     from vlkit.train import register_hydra_configs as register_trainer_configs
 
-    register_hydra_configs()
+    register_model_configs()
     register_trainer_configs()
 
 
@@ -161,9 +157,9 @@ def compose(command: str, overrides: list[str] | None = None):
 
 
 def _compose(command: str, overrides: list[str] | None = None):
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+    from vlkit.config import compose_errors, compose_file
 
+    missing_option, unreadable, not_composed = compose_errors()
     _register()
     overrides = list(overrides or [])
     hydra_overrides, plain = _plain_keys(command, overrides)
@@ -172,36 +168,32 @@ def _compose(command: str, overrides: list[str] | None = None):
         if any(Path(search_dir).iterdir()):
             resolved.append(f"hydra.searchpath=[file://{search_dir}]")
         failure: Exception | None = None
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=f"vlkit-{command}"):
-            try:
-                cfg = hydra_compose(config_name=command, overrides=resolved)
-            except (MissingConfigException, OverrideParseException, ConfigCompositionException) as err:
-                failure = err
-            except Exception as err:  # a file of the user's Hydra cannot merge: name it, not its copy
-                raise _name_user_files(err, copies) from None
+        try:
+            cfg = compose_file(CONF_DIR, command, resolved, job_name=f"vlkit-{command}")
+        except (missing_option, unreadable, not_composed) as err:
+            failure = err
+        except Exception as err:  # a file of the user's Hydra cannot merge: name it, not its copy
+            raise _name_user_files(err, copies) from None
     if failure is None:
         try:
             _set_plain(cfg, plain)
             return cfg
-        except OverrideParseException as err:
+        except unreadable as err:
             failure = err
-    if isinstance(failure, MissingConfigException):
+    if isinstance(failure, missing_option):
         raise _missing_option(command, failure) from None
-    if isinstance(failure, OverrideParseException):
+    if isinstance(failure, unreadable):
         raise _unreadable_override(command, overrides, failure) from None
     raise _unknown_key(command, overrides, _name_user_files(failure, copies)) from None
 
 
 def _unreadable_override(command: str, overrides: list[str], err: Exception) -> UsageError:
     """`UsageError` naming the override Hydra cannot parse, the character at fault and the quoting that reads it."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
+    from vlkit.config import override_error
 
-    parser = OverridesParser.create()
     for override in overrides:
-        try:
-            parser.parse_overrides([override])
-        except OverrideParseException as failure:
+        failure = override_error(override)
+        if failure is not None:
             key, sep, value = override.partition("=")
             lines = str(failure).splitlines()
             column = lines[1].index("^") - (len(lines[0]) - len(override)) if len(lines) > 1 and "^" in lines[1] else -1
@@ -259,9 +251,9 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 def _keys(cfg: Any) -> list[str]:
     """Every key of a composed config, leaves and the nodes above them (``trainer``, ``trainer.lr`` ...)."""
-    from omegaconf import OmegaConf
+    from vlkit.config import to_container
 
-    leaves = list(_flatten(OmegaConf.to_container(cfg, resolve=False)))
+    leaves = list(_flatten(to_container(cfg, resolve=False)))
     nodes = {leaf.rsplit(".", k)[0] for leaf in leaves for k in range(1, leaf.count(".") + 1)}
     return sorted(set(leaves) | nodes)
 
@@ -323,20 +315,17 @@ def _comments(path: Path, prefix: str = "") -> dict[str, str]:
 
 
 def _group_options(command: str) -> dict[str, list[str]]:
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from vlkit.config import group_options
 
     _register()
     cfg = compose(command, [])
     groups = [g for g in GROUPS if g in cfg or g == "objectives"]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=f"vlkit-{command}-help"):
-        loader = GlobalHydra.instance().config_loader()
-        return {g: sorted(loader.get_group_options(g)) for g in groups if loader.get_group_options(g)}
+    return group_options(CONF_DIR, groups, job_name=f"vlkit-{command}-help")
 
 
 def command_help(command: str) -> str:
     """``vlkit <command> --help``: what the command does, its config groups' choices and its keys."""
-    from omegaconf import OmegaConf
+    from vlkit.config import to_container
 
     target, summary = COMMANDS[command]
     lines = [f"usage: vlkit {command} [key=value ...] [--cfg]", "", summary]
@@ -354,7 +343,7 @@ def command_help(command: str) -> str:
             lines.append(f"  {group + '=':<12} {', '.join(names)}{notes.get(group, '')}")
     cfg = compose(command, [])
     comments = _comments(top)
-    defaults = OmegaConf.to_container(cfg, resolve=False)
+    defaults = to_container(cfg, resolve=False)
     for group in ("data", "task", "trainer", "compare"):
         node = defaults.get(group)
         choice = node.get("name") if isinstance(node, dict) else None
@@ -427,9 +416,9 @@ def run(argv: list[str], started: float | None = None) -> int:
                          f"--help and --cfg")
     cfg = compose(command, overrides)
     if show_cfg:
-        from omegaconf import OmegaConf
+        from vlkit.config import to_yaml
 
-        print(OmegaConf.to_yaml(cfg))
+        print(to_yaml(cfg))
         return 0
     from vlkit.settings import check_settings
 
@@ -455,10 +444,10 @@ def _check_missing(command: str, cfg: Any) -> None:
     pretrain data=coco`` needs ``data.path`` and ``data.image.path``. (``evaluate`` may take its data from the
     run, ``compare`` its config from ``manifest=`` and its dry run reads no data: their ``data.*`` is not required
     here; a fine-tuning on its task's own files needs only ``data.image.*``.)"""
-    from omegaconf import OmegaConf
+    from vlkit.config import missing_keys, to_container
 
-    unset = OmegaConf.missing_keys(cfg)
-    missing = [k for k in _flatten(OmegaConf.to_container(cfg, resolve=False)) if k in unset]  # in the file's order
+    unset = missing_keys(cfg)
+    missing = [k for k in _flatten(to_container(cfg, resolve=False)) if k in unset]  # in the file's order
     if command == "evaluate" or (command == "compare" and (cfg.get("manifest") or cfg.get("dry_run") is True)):
         missing = [k for k in missing if not k.startswith("data.")]
     elif command == "finetune" and (cfg.get("task") or {}).get("source") == "files":  # no captions read: images only
@@ -482,10 +471,10 @@ def output_paths(command: str, cfg: Any) -> dict[str, str]:
     """``{key: path}`` of what ``command`` writes (`vlkit.locks` holds a lock on each while it runs); none for
     ``compare-report`` (it rewrites a running comparison's report), a dry run, and the ranks of a distributed
     run after the first (the first holds them)."""
-    from omegaconf import OmegaConf
+    from vlkit.config import select
 
     def value(key: str) -> Any:  # None for an absent or missing (???) key: the command names those itself
-        return OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+        return select(cfg, key)
 
     if int(os.environ.get("RANK", "0") or 0) != 0 or value("dry_run") or command == "compare-report":
         return {}
@@ -513,14 +502,12 @@ def _shutdown_distributed(barrier: bool) -> None:
 def user_error(err: BaseException) -> bool:
     """Whether ``err`` is a mistake in the command line, the config or the data (one paragraph) rather
     than a bug in vlkit (a traceback)."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
+    from vlkit.config import framework_errors
     from vlkit.validate import DataError
 
     own = type(err).__module__.startswith("vlkit.")
     return isinstance(err, (UsageError, DataError, ValueError, LookupError, OSError, ArithmeticError,
-                            HydraException, OmegaConfBaseException)) or (own and isinstance(err, RuntimeError))
+                            *framework_errors())) or (own and isinstance(err, RuntimeError))
 
 
 def describe(err: BaseException) -> str:

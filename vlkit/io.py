@@ -21,7 +21,7 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
-from typing import IO, Any, Iterator, Mapping, Sequence
+from typing import IO, Any, Iterator, Sequence
 
 # (module, name) pairs a pickle may reference: numpy array reconstruction and builtin containers.
 _SAFE_GLOBALS = {
@@ -403,11 +403,3 @@ def config_dir() -> Path:
             return candidate
     raise FileNotFoundError(f"vlkit's configs are missing (looked in {package / 'conf'} and {package.parent / 'conf'})")
 
-
-def store_configs(group: str, nodes: Mapping[str, Any]) -> None:
-    """Store ``nodes`` (name -> config node) in Hydra's ConfigStore under ``group`` (``model=<name>``)."""
-    from hydra.core.config_store import ConfigStore
-
-    store = ConfigStore.instance()
-    for name, node in nodes.items():
-        store.store(group=group, name=name, node=node)

@@ -229,7 +229,7 @@ def _from_data(model_cfg: Mapping[str, Any], data: Mapping[str, Any], init: Any 
 def _from_run(directory: Path) -> VLProcessor:
     """The processor of a run's recorded data (its tokenizer folder, ``data.max_len`` and ``data.image``)."""
     from vlkit.data.tokenizers import run_tokenizer
-    from vlkit.train.pipeline import read_run_info
+    from vlkit.runs import read_run_info
     from vlkit.train.preflight import read_init
 
     data = read_run_info(directory)["data"]

@@ -92,9 +92,9 @@ def _get(cfg: Any, key: str) -> tuple[bool, Any]:
 
 def problems(command: str, cfg: Any) -> list[str]:
     """Every value of the composed config ``cfg`` of ``command`` it cannot run with, each naming its key."""
-    from omegaconf import OmegaConf
+    from vlkit.config import to_container
 
-    plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    plain = to_container(cfg)
     out = []
     for key, rule in RULES.items():
         found, value = _get(plain, key)

@@ -91,18 +91,16 @@ class _Config:
 
     def compose(self, command: str) -> tuple[Any, list[str]]:
         """(the composed config, the overrides the command reads its explicit keys from)."""
-        from omegaconf import OmegaConf, open_dict
-
         from vlkit.cli import compose
+        from vlkit.config import set_key
 
         cfg = compose(command, self.groups)
         explicit = list(self.groups)
-        with open_dict(cfg):
-            for key, value, merge, strict in self.values:
-                if strict == "key" or (strict and merge):
-                    _check_keys(command, cfg, key, None if strict == "key" else value)
-                OmegaConf.update(cfg, key, value, merge=merge, force_add=True)
-                explicit += [f"{leaf}=" for leaf in _leaves(key, value)]
+        for key, value, merge, strict in self.values:
+            if strict == "key" or (strict and merge):
+                _check_keys(command, cfg, key, None if strict == "key" else value)
+            set_key(cfg, key, value, merge=merge)
+            explicit += [f"{leaf}=" for leaf in _leaves(key, value)]
         from vlkit.settings import check_settings
 
         check_settings(command, cfg)  # as the console does: every value before any data work
@@ -111,21 +109,20 @@ class _Config:
 
 def _check_keys(command: str, cfg: Any, key: str, value: Any) -> None:
     """Every key of ``value`` (set at ``key``) is a key of the composed config, or lies under a free-form node."""
-    from omegaconf import DictConfig, OmegaConf
-
     from vlkit.cli import UsageError
+    from vlkit.config import is_mapping_node, is_missing
     from vlkit.registry import did_you_mean
 
     for leaf in _leaves(key, value):
         node, parts = cfg, leaf.split(".")
         for depth, part in enumerate(parts):
-            if not isinstance(node, DictConfig) or not node:
+            if not is_mapping_node(node) or not node:
                 break
             if part not in node.keys():  # (`in` is False for a ??? value)
                 where = ".".join(parts[:depth])
                 raise UsageError(f"vlkit {command}: unknown key {leaf!r}{did_you_mean(part, list(node))} (keys of "
                                  f"{where or 'the command'}: {', '.join(map(str, node))})")
-            node = None if OmegaConf.is_missing(node, part) else node[part]
+            node = None if is_missing(node, part) else node[part]
 
 
 def _leaves(prefix: str, value: Any) -> list[str]:
@@ -171,7 +168,7 @@ def _data(config: _Config, data: Any, processor: Any, init: Any = None, cache_di
     needed: a task's own files). Without either, a run (``init``) keeps the data it was trained on."""
     if data is None and processor is None:
         if init is not None:
-            from vlkit.train.pipeline import read_run_info
+            from vlkit.runs import read_run_info
 
             recorded = read_run_info(init).get("data") if (Path(init) / "run.json").is_file() else None
             if recorded:
@@ -256,7 +253,7 @@ def _run(command: Any, cfg: Any, overrides: list[str]) -> int:
 
 def _run_result(kind: str, output_dir: str | Path, processor: Any = None) -> RunResult:
     """The result of the run in ``output_dir``; the ``processor`` it was given is saved beside its model."""
-    from vlkit.train.pipeline import read_run_info
+    from vlkit.runs import read_run_info
     from vlkit.train.trainer import read_metrics
 
     output_dir = Path(output_dir)
@@ -337,7 +334,7 @@ def evaluate(run: Any, *, split: str | None = None, eval_splits: Sequence[str] |
         config.groups.append(f"task={task}")
     elif task is not None:
         if not task.get("name"):  # keys of the run's own task (``task=<its name>`` on the command line)
-            from vlkit.train.pipeline import read_run_info
+            from vlkit.runs import read_run_info
 
             task = {"name": read_run_info(run).get("task"), **task}
         config.group("task", task)

@@ -146,7 +146,7 @@ def test_build_model_refuses_another_preset_for_a_resolved_config():
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_hydra_node_is_derived_from_the_config_dataclass(family):
-    from vlkit.models.base import hydra_node
+    from vlkit.config import hydra_node
 
     node = hydra_node(family)
     fields = {f.name for f in dataclasses.fields(vlkit.MODELS.get(family).config_class)}
@@ -157,9 +157,9 @@ def test_hydra_node_is_derived_from_the_config_dataclass(family):
 def test_presets_are_in_hydra_config_store():
     from hydra.core.config_store import ConfigStore
 
-    from vlkit.models.base import register_hydra_configs
+    from vlkit.config import register_model_configs
 
-    register_hydra_configs()
+    register_model_configs()
     repo = ConfigStore.instance().repo["model"]
     for name in ("uniter.yaml", "vilbert_base.yaml", "uniter_large.yaml", "meter_clip16-roberta.yaml", "meter_tiny.yaml"):
         assert name in repo

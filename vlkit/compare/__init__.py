@@ -369,7 +369,7 @@ def report_from_folder(comparison: Comparison, session: Any = None, how: str = "
 
 def report_main(cfg: Any) -> int:
     """`vlkit compare-report output_dir=D`: the report of the comparison in D from its units' folders."""
-    from vlkit.train.pipeline import plain
+    from vlkit.config import plain
 
     output_dir = Path(plain(cfg)["output_dir"])
     plan = output_dir / PLAN_FILE

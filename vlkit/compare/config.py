@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from vlkit.train import pipeline
+from vlkit.config import load_yaml, plain
 
 
 @dataclass
@@ -50,7 +50,7 @@ def resolve_config(cfg: Any, explicit: set[str] | None = None) -> dict[str, Any]
     hold is refused, named with both values: the manifest's comparison is what runs."""
     from vlkit.io import read_json
 
-    cfg = pipeline.plain(cfg)
+    cfg = plain(cfg)
     if not cfg.get("manifest"):
         return cfg
     manifest = read_json(cfg["manifest"], "manifest= names the manifest.json of a finished comparison")
@@ -211,8 +211,6 @@ def mix_label(spec: RunSpec) -> str | None:
 def task_cfg(compare: dict[str, Any], name: str, spec: RunSpec | None = None) -> dict[str, Any]:
     """The config of task ``name``: ``conf/task/<name>.yaml``, then the comparison's ``task_overrides``,
     then the run's own ``task_overrides`` (e.g. ``{retrieval: {options: {num_negatives: 3}}}``)."""
-    from omegaconf import OmegaConf
-
     from vlkit.io import config_dir
 
     conf_dir = config_dir()
@@ -220,7 +218,7 @@ def task_cfg(compare: dict[str, Any], name: str, spec: RunSpec | None = None) ->
     layers = [(compare.get("task_overrides") or {}).get(name) or {}]
     if spec is not None:
         layers.append((spec.task_overrides or {}).get(name) or {})
-    return pipeline.plain(OmegaConf.merge(OmegaConf.load(conf_dir / "task" / f"{name}.yaml"), *layers))
+    return load_yaml(conf_dir / "task" / f"{name}.yaml", *layers)
 
 
 def look_sizes_of(compare: dict[str, Any]) -> list[int] | None:

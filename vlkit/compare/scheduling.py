@@ -120,14 +120,13 @@ class Comparison:
         """Refuse, before any work, a trainer override that no unit could train with (an unknown key, a
         negative rate ...), naming the run and the stage. A trainer depends on the run and the task only, so
         one unit of each is checked."""
-        from omegaconf.errors import OmegaConfBaseException
-
+        from vlkit.config import framework_errors
         from vlkit.train.trainer import TrainerConfig
 
         for unit in {(u.run, u.task): u for u in self.all_units()}.values():
             try:
                 TrainerConfig.from_cfg(self.unit_trainer(unit))
-            except (OmegaConfBaseException, ValueError) as err:
+            except (*framework_errors(), ValueError) as err:
                 stage = "pre-training" if unit.is_pretrain else f"{unit.task} fine-tuning"
                 raise ValueError(f"compare: run {self.specs[unit.run].name}, {stage} trainer: "
                                  f"{str(err).splitlines()[0]}") from None

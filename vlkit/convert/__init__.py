@@ -80,7 +80,7 @@ def save_converted(module: nn.Module, report: OfficialReport, directory: str | o
     from vlkit.io import atomic_write_text
     from vlkit.models.base import VLModel
     from vlkit.objectives.mix import Pretraining
-    from vlkit.train.pipeline import RUN_INFO, save_run
+    from vlkit.runs import RUN_INFO, save_run
 
     directory = Path(directory)
     converted = {"source": report.source, "family": report.family, "kind": report.kind,

@@ -36,7 +36,7 @@ def convert(cfg) -> int:
     from vlkit.data.tokenizers import TokenizerError, build_tokenizer
     from vlkit.io import atomic_directory, refuse_overwrite
     from vlkit.models.base import VLModel
-    from vlkit.train.pipeline import plain
+    from vlkit.config import plain
 
     family, task, dst = cfg.family, cfg.task, cfg.dst
     if cfg.get("pretrained"):

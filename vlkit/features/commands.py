@@ -4,7 +4,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
 
 def image_files(directory: str | Path) -> list[tuple[str, Path]]:
     """``(image_id, path)`` for the images of ``directory`` and its subfolders (sorted; the id is the file stem),
@@ -24,13 +23,12 @@ def _extraction_options(cfg: Any) -> dict[str, Any]:
                 dtype=cfg["dtype"], on_error=cfg.get("on_error", "raise"))
 
 
-def extract_features(cfg: DictConfig) -> int:
+def extract_features(cfg: Any) -> int:
     """One process writes ``out`` (a file); ``processes=N`` (or a run under ``accelerate launch``) spreads the
     images over the processes, each writing its shard of the sharded store ``out`` (a directory)."""
     import os
 
-    from omegaconf import OmegaConf
-
+    from vlkit.config import plain as to_plain
     from vlkit.features.detector.domain import check_detector
 
     processes = int(cfg.get("processes") or 1)
@@ -43,7 +41,7 @@ def extract_features(cfg: DictConfig) -> int:
         raise ValueError(f"processes={processes} under a launcher that already started {os.environ['WORLD_SIZE']} "
                          "processes: leave processes=1 (the launcher decides the number)")
     if processes > 1 or launched:
-        plain = OmegaConf.to_container(cfg, resolve=True)
+        plain = to_plain(cfg)
         if launched:
             _extract_spread(plain)
         else:
@@ -80,7 +78,7 @@ def _extract_spread(cfg: dict[str, Any]) -> None:
     shutdown()
 
 
-def import_features(cfg: DictConfig) -> int:
+def import_features(cfg: Any) -> int:
     from vlkit.features.importers import import_features as run
     from vlkit.runtime import set_threads
 

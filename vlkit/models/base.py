@@ -356,11 +356,9 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
 
 def split_model_config(cfg: Mapping) -> tuple[str, str | None, dict[str, Any]]:
     """``{name, preset, <field>: value | null}`` -> (name, preset, the non-null field overrides)."""
-    from omegaconf import DictConfig, OmegaConf
+    from vlkit.config import unwrap
 
-    if isinstance(cfg, DictConfig):
-        cfg = OmegaConf.to_container(cfg, resolve=True)
-    cfg = dict(cfg)
+    cfg = dict(unwrap(cfg))
     if "name" not in cfg:
         raise KeyError(f"a model config needs a 'name' key (one of {', '.join(MODELS.names())}); got keys {sorted(cfg)}")
     name, preset = cfg.pop("name"), cfg.pop("preset", None)
@@ -462,31 +460,3 @@ def from_pretrained(directory: str | Path, map_location: str | torch.device = "c
         raise WeightsMismatchError(f"{weights_path}: weights do not match the {family} config of {config_path} "
                                    f"({key_difference(missing, unexpected)})")
     return model
-
-
-def command_preset(config_class: type[ModelConfig]) -> str:
-    """The preset the commands build unless ``model.preset=`` says otherwise: ``tiny`` when the family has
-    one (commands default to CPU-sized models), else its default preset."""
-    return "tiny" if "tiny" in config_class.presets else config_class.default_preset
-
-
-def hydra_node(name: str, preset: str | None = None) -> dict[str, Any]:
-    """A family's ``model`` config node, derived from its config dataclass: ``name``, ``preset`` and every
-    field as null (null takes the preset's value; set one to override it: ``model.<field>=...``)."""
-    config_class = MODELS.get(name).config_class
-    fields = [f.name for f in dataclasses.fields(config_class) if f.name != "preset"]
-    return {"name": name, "preset": preset or command_preset(config_class), **dict.fromkeys(fields)}
-
-
-def register_hydra_configs() -> None:
-    """Store every registered family (plugins included) in Hydra's ConfigStore: ``model/<family>``
-    (``model=uniter``), ``model/<family>_<preset>`` (``model=uniter_base``) and ``model/<family>/<preset>``
-    (``model=uniter/base``: the names `list_presets` gives), all derived from the family's config dataclass
-    (`hydra_node`)."""
-    from vlkit.io import store_configs
-
-    for name in MODELS.names():
-        presets = MODELS.get(name).config_class.presets
-        store_configs("model", {name: hydra_node(name), **{f"{name}_{preset}": hydra_node(name, preset)
-                                                          for preset in presets}})
-        store_configs(f"model/{name}", {preset: hydra_node(name, preset) for preset in presets})

@@ -62,7 +62,7 @@ def load_mix(mix: Any) -> dict[str, Any]:
     """A mix as a plain dict: a preset name (``conf/objectives/<name>.yaml``), a YAML path, or a mapping; a
     mapping of objective names only is the short form ``{objective: ratio or options}`` of its ``objectives``
     (``{"mlm": 2, "itm": 1}``: one of them per step, drawn 2:1)."""
-    from omegaconf import DictConfig, OmegaConf
+    from vlkit.config import load_yaml, unwrap
 
     if isinstance(mix, (str, Path)):
         path = Path(mix)
@@ -71,9 +71,8 @@ def load_mix(mix: Any) -> dict[str, Any]:
         if not path.is_file():
             presets = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
             raise FileNotFoundError(f"no objective mix {str(mix)!r}; presets: {', '.join(presets)}")
-        mix = OmegaConf.load(path)
-    if isinstance(mix, DictConfig):
-        mix = OmegaConf.to_container(mix, resolve=True)
+        mix = load_yaml(path)
+    mix = unwrap(mix)
     if not isinstance(mix, Mapping):
         raise TypeError(f"an objective mix is a preset name or a mapping, not {type(mix).__name__}")
     keys = mix_keys()

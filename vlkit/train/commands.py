@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from vlkit.config import plain
 from vlkit.runtime import set_threads
 from vlkit.train import pipeline
 
@@ -39,7 +40,7 @@ def _model_and_preflight(cfg, overrides: Sequence[str] | None):
 
     check = Preflight()
     check.check_output_dir(cfg.trainer.output_dir, bool(cfg.resume))
-    model_cfg = pipeline.plain(cfg.model)
+    model_cfg = plain(cfg.model)
     before = len(check.problems)
     saved = check.check_init(cfg.get("init"), model_cfg, explicit_keys(overrides))
     _check_init_on_resume(check, cfg, explicit_keys(overrides))
@@ -79,7 +80,7 @@ def _run_data(data_cfg: Any, run: str | Path | None, given: Any, explicit: set[s
     (`vlkit.data.tokenizers.run_tokenizer`), unless the command line sets ``data.tokenizer`` (``given``)."""
     from vlkit.data.tokenizers import run_tokenizer
 
-    data = pipeline.plain(data_cfg)
+    data = plain(data_cfg)
     saved = run_tokenizer(run) if run else None
     if "data.tokenizer" in explicit:
         data["tokenizer"] = given
@@ -106,7 +107,7 @@ def pretrain(cfg, overrides: Sequence[str] | None = None) -> int:
     model_cfg, check = _model_and_preflight(cfg, overrides)
     set_threads(cfg.get("threads"), model_cfg.get("preset"))
     env, model = _prepare(cfg, model_cfg, check, overrides)
-    trainer_cfg = pipeline.plain(cfg.trainer) | {"resume": bool(cfg.resume)}
+    trainer_cfg = plain(cfg.trainer) | {"resume": bool(cfg.resume)}
     _, result = pipeline.pretrain_model(env, model, cfg.get("objectives"), trainer_cfg, cfg.trainer.output_dir, seed,
                                         preflight=check)
     last = result.history[-1] if result.history else {}
@@ -126,7 +127,7 @@ def finetune(cfg, overrides: Sequence[str] | None = None) -> int:
     env, model = _prepare(cfg, model_cfg, check, overrides)
     if cfg.get("init") and (Path(cfg.init) / pipeline.PRETRAINING_WEIGHTS).exists():
         model = pipeline.load_pretraining(cfg.init, model)  # its heads: retrieval starts from the ITM head
-    trainer_cfg = pipeline.plain(cfg.trainer) | {"resume": bool(cfg.resume)}
+    trainer_cfg = plain(cfg.trainer) | {"resume": bool(cfg.resume)}
     *_, metrics = pipeline.finetune_task(env, model, cfg.task, trainer_cfg, cfg.trainer.output_dir, seed,
                                          tuple(cfg.eval_splits), preflight=check)
     _announce("finetune", {"output_dir": cfg.trainer.output_dir, "metrics": metrics})
@@ -164,20 +165,20 @@ def evaluate(cfg, overrides: Sequence[str] | None = None) -> int:
         raise ValueError(f"{directory} holds a {info['kind']} without heads: fine-tune it (init={directory}) first")
     _, model_cfg = read_init(directory)  # the run's model config: its input geometry
     set_threads(cfg.get("threads"), model_cfg.get("preset"))
-    eval_options = {k: v for k, v in (pipeline.plain(cfg.get("eval_options")) or {}).items() if v is not None}
+    eval_options = {k: v for k, v in (plain(cfg.get("eval_options")) or {}).items() if v is not None}
     if info["kind"] == "finetune":
         if cfg.task.name is not None and cfg.task.name != info["task"]:
             raise ValueError(f"task={cfg.task.name}: {directory} is a {info['task']} run; task={info['task']} (or no "
                              f"task=) evaluates it, task.<key>= overriding its recorded task config")
-        task_cfg = info["task_cfg"] if info.get("task_cfg") is not None else pipeline.plain(cfg.task)
+        task_cfg = info["task_cfg"] if info.get("task_cfg") is not None else plain(cfg.task)
         if task_cfg.get("name") != info["task"]:
             raise ValueError(f"{directory} holds a {info['task']} task that records no data: pass task={info['task']} "
                              "and data= for it")
-        task_cfg = _override_task(task_cfg, pipeline.plain(cfg.task), explicit_keys(overrides))
+        task_cfg = _override_task(task_cfg, plain(cfg.task), explicit_keys(overrides))
     elif cfg.task.name != "retrieval":
         raise ValueError(f"{directory} is a pre-training run: only zero-shot retrieval evaluates one (task=retrieval)")
     else:
-        task_cfg = pipeline.plain(cfg.task)
+        task_cfg = plain(cfg.task)
     _check_eval_options(task_cfg["name"], eval_options)
     if cfg.get("predictions"):
         from vlkit.tasks.predictions import PREDICTIONS

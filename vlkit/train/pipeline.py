@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,21 +16,13 @@ from typing import Any, Mapping
 
 import torch
 
+from vlkit.config import plain
 from vlkit.models.base import ModelConfig, VLModel, from_pretrained, split_model_config
 from vlkit.registry import DATASETS, MODELS, TASKS
+from vlkit.runs import PRETRAINING_WEIGHTS, RUN_INFO, TASK_WEIGHTS, read_run_info, save_run
 from vlkit.train.resume import run_record
 from vlkit.validate import DataError, SkipLog
 
-PRETRAINING_WEIGHTS = "pretraining.safetensors"
-TASK_WEIGHTS = "task.safetensors"
-RUN_INFO = "run.json"
-
-
-def plain(cfg: Any) -> Any:
-    """A DictConfig (or anything) as plain Python containers."""
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, (DictConfig, ListConfig)) else copy.deepcopy(cfg)
 
 
 def cache_dir(cfg_value: str | None = None) -> Path:
@@ -154,34 +145,6 @@ def pretraining_dataset(env: Environment):
     if env.pairs is None:
         env.pairs = DATASETS.get(env.data["name"])(env.data)
     return env.pairs
-
-
-def save_run(directory: Path, module: torch.nn.Module, info: dict[str, Any], tokenizer: Any = None) -> None:
-    """Write the final model (``model/``), the run's ``tokenizer/`` (when given), the whole training module's
-    weights and ``run.json``."""
-    from vlkit.data.tokenizers import save_tokenizer
-    from vlkit.io import atomic_write_text, save_weights
-
-    directory.mkdir(parents=True, exist_ok=True)
-    module.model.save_pretrained(directory / "model")
-    if tokenizer is not None:
-        save_tokenizer(tokenizer, directory)
-    name = TASK_WEIGHTS if info.get("kind") == "finetune" else PRETRAINING_WEIGHTS
-    save_weights(module, directory / name)
-    atomic_write_text(directory / RUN_INFO, json.dumps(info, indent=2, sort_keys=True, default=str))
-
-
-def read_run_info(directory: str | Path) -> dict[str, Any]:
-    """``run.json`` of a pretrain / finetune output_dir; a missing or corrupt file is an error naming it."""
-    path = Path(directory) / RUN_INFO
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: {directory} is not the output_dir of a vlkit pretrain or finetune run")
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-        info["kind"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
-        raise DataError(f"{path} is not a vlkit run record ({type(err).__name__}: {err})") from err
-    return info
 
 
 def load_pretraining(directory: str | Path, model: VLModel | None = None):

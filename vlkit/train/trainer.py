@@ -153,20 +153,16 @@ class TrainerConfig:
     @classmethod
     def from_cfg(cls, cfg: Any = None, **overrides: Any) -> "TrainerConfig":
         """From a `TrainerConfig`, a mapping or a ``DictConfig`` (unknown keys are an error)."""
-        from omegaconf import OmegaConf
-        from omegaconf.errors import ConfigKeyError, ValidationError
+        from vlkit.config import KeyTypeError, UnknownKeyError, merge_structured
 
         try:
-            merged = OmegaConf.merge(OmegaConf.structured(cls), cfg if cfg is not None else {}, overrides)
-        except ConfigKeyError as err:  # named as the command line names it: trainer.<key>
-            key = getattr(err, "key", None) or str(err).split("'")[1]
-            raise TrainerConfigError([f"trainer.{key} is not a trainer setting{_close(str(key))}"]) from None
-        except ValidationError as err:
-            key, value = getattr(err, "full_key", None) or getattr(err, "key", "?"), getattr(err, "value", None)
+            return merge_structured(cls, cfg if cfg is not None else {}, overrides)
+        except UnknownKeyError as err:  # named as the command line names it: trainer.<key>
+            raise TrainerConfigError([f"trainer.{err.key} is not a trainer setting{_close(str(err.key))}"]) from None
+        except KeyTypeError as err:
             types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
-            wanted = _KINDS.get(types.get(str(key).split(".")[0], ""), "a value of the documented type")
-            raise TrainerConfigError([f"trainer.{key}={value!r}: give {wanted}"]) from None
-        return OmegaConf.to_object(merged)
+            wanted = _KINDS.get(types.get(str(err.key).split(".")[0], ""), "a value of the documented type")
+            raise TrainerConfigError([f"trainer.{err.key}={err.value!r}: give {wanted}"]) from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -194,7 +190,7 @@ def trainer_presets() -> dict[str, dict[str, Any]]:
 
 def register_hydra_configs() -> None:
     """Store each family's recipe in Hydra's ConfigStore as ``trainer/<family>`` (``trainer=meter``)."""
-    from vlkit.io import store_configs
+    from vlkit.config import store_configs
 
     store_configs("trainer", {name: TrainerConfig.from_preset(name) for name in trainer_presets()})
 
