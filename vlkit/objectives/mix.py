@@ -155,7 +155,7 @@ class Pretraining(nn.Module):
         if self.mask_only_matched and not any(o.view == "pairs" for o in self.objectives.values()):
             raise ValueError("objective mix: mask_only_matched needs an objective that mixes in pairs (itm)")
         self.mask_views = {o.view for o in self.objectives.values()} & set(MASK_VIEWS)
-        self._keep_rows = "keep_rows" in inspect.signature(model.fuse).parameters  # the family prunes rows
+        self._keep_rows = getattr(type(model), "keeps_rows", False)  # the family prunes rows (declared)
         self._shared_sides: dict[str, bool] | None = None
 
     def train(self, mode: bool = True) -> "Pretraining":
