@@ -207,5 +207,5 @@ class FamilyContract:
         pre = build_pretraining(model, mix)
         out = pre(self.example_batch(model), units=pre.units)
         missing = [u.name for u in pre.units if f"objective/{u.name}" not in out.metrics]
-        assert not missing, f"{self.family}: default_mix: objectives {', '.join(missing)} computed no loss"
-        self.assert_finite_backward(out.loss, pre, "default_mix")
+        assert not missing, f"{self.family}: its recipe's mix: objectives {', '.join(missing)} computed no loss"
+        self.assert_finite_backward(out.loss, pre, "its recipe's mix")
