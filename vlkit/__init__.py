@@ -24,15 +24,16 @@ from typing import Any
 from vlkit.registry import (CONVERTERS, CORRUPTIONS, DATASETS, ENCODERS, EXECUTORS, HEADS, MODELS, OBJECTIVES, TASKS,
                             Registry, UnknownNameError, register_converter, register_corruption, register_dataset,
                             register_encoder, register_head, register_model, register_objective, register_task)
+from vlkit.released import PRETRAINED, RELEASED_FILES
 from vlkit.types import Encoded, LossOutput, VLBatch, VLOutput
 from vlkit.version import __version__
 
 # The home of each registry: the module whose import registers its built-in entries (a package's __init__ imports
 # its own files), imported on the registry's first look-up. Written here, with the lazy names below (the one table
 # of string imports the layer check allows the bottom floor), so that vlkit.registry names no room above it.
-_HOMES = {"vlkit.models": (MODELS, HEADS, ENCODERS), "vlkit.objectives": (OBJECTIVES, CORRUPTIONS),
-          "vlkit.tasks": (TASKS,), "vlkit.data": (DATASETS,), "vlkit.compare.executors": (EXECUTORS,),
-          "vlkit.convert": (CONVERTERS,)}
+_HOMES = {"vlkit.models": (MODELS, HEADS, ENCODERS, PRETRAINED, RELEASED_FILES),  # the recipes file releases
+          "vlkit.objectives": (OBJECTIVES, CORRUPTIONS), "vlkit.tasks": (TASKS,), "vlkit.data": (DATASETS,),
+          "vlkit.compare.executors": (EXECUTORS,), "vlkit.convert": (CONVERTERS,)}
 for _home, _registries in _HOMES.items():
     for _registry in _registries:
         _registry.home = _home
@@ -55,6 +56,7 @@ _LAZY = {
     **dict.fromkeys(("list_models", "build_model", "from_pretrained", "list_pretrained", "list_objectives",
                      "build_objective", "build_pretraining", "list_tasks", "build_task"), "vlkit.api"),
     **dict.fromkeys(("PretrainedWeights", "register_pretrained"), "vlkit.released"),
+    **dict.fromkeys(("Recipe", "RECIPES", "register_recipe", "recipe_of"), "vlkit.models.recipe"),
     **dict.fromkeys(("VLProcessor", "build_processor", "load_model_and_processor"), "vlkit.processor"),
     **dict.fromkeys(("pretrain", "finetune", "evaluate", "RunResult", "ComparisonResult"),
                     "vlkit.workflows"),

@@ -75,10 +75,11 @@ def build_objective(name: str, model, **cfg: Any):
 
 def build_pretraining(model, mix: Any = None):
     """The pre-training module (heads + objective mix) for ``model``; ``mix`` is a preset name, a YAML
-    path or a dict (None: the family's own mix, its ``default_mix``)."""
+    path or a dict (None: the family's own mix, its recipe's ``mix``)."""
+    from vlkit.models.recipe import recipe_of
     from vlkit.objectives.mix import build_pretraining as _build
 
-    return _build(model, type(model).default_mix if mix is None else mix)
+    return _build(model, recipe_of(model).mix if mix is None else mix)
 
 
 def list_tasks() -> list[str]:

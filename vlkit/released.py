@@ -3,11 +3,12 @@ passes before it is read: an empty file, or a known file whose size or sha256 di
 publisher's, is refused naming its path (a truncated download otherwise fails deep inside
 ``torch.load`` without saying which file).
 
-`RELEASED_FILES` is a registry keyed by file name; a plugin (or a user with a mirror that publishes
-checksums) adds entries with `register_released_file`. Sizes and hashes are filled in only where the
+`RELEASED_FILES` is a registry keyed by file name: each family's released files are in its recipe
+(`vlkit.models.recipe.Recipe.released`, beside its model file), the detector's below; a plugin (or a user with a
+mirror that publishes checksums) adds entries with `register_released_file`. Sizes and hashes are filled in only where the
 publisher gives them: none of the official READMEs below does, so today only the emptiness check and
-the readers' own errors apply to them. `PRETRAINED` names the released weights (``uniter/base.official``)
-that ``build_model(family, pretrained=tag)`` loads once converted. `ConversionReport` is what every converter (the families' and the
+the readers' own errors apply to them. `PRETRAINED` names the released weights (``uniter/base.official``,
+declared by the family's recipe) that ``build_model(family, pretrained=tag)`` loads once converted. `ConversionReport` is what every converter (the families' and the
 detector's) says happened to each key of a released file.
 """
 from __future__ import annotations
@@ -155,44 +156,8 @@ def check_released(path: str | os.PathLike, what: str = "file") -> Path:
     return path
 
 
-VILBERT = "facebookresearch/vilbert-multi-task"
-_FB = "https://dl.fbaipublicfiles.com/vilbert-multi-task"
-UNITER = "ChenRocks/UNITER"
-METER = "zdou0830/METER"
-_METER = "https://github.com/zdou0830/METER/releases/download"
+# the detector's releases (the families' own are in their recipes, `vlkit.models.recipe`)
 for _entry in (
-    ReleasedFile("pretrained_model.bin", "vilbert", "ViLBERT pre-trained on Conceptual Captions (`src=`)",
-                 f"{_FB}/pretrained_model.bin", f"{VILBERT} README.md"),
-    ReleasedFile("multi_task_model.bin", "vilbert", "12-in-1 multi-task ViLBERT, every task head (`src=`, `task=`)",
-                 f"{_FB}/multi_task_model.bin", f"{VILBERT} README.md"),
-    ReleasedFile("bert_base_6layer_6conect.json", "vilbert", "the model config of both files (`config=`)",
-                 f"https://github.com/{VILBERT}/blob/master/config/bert_base_6layer_6conect.json",
-                 f"{VILBERT} config/ (named by README.md's commands)"),
-    ReleasedFile("trainval_label2ans.pkl", "vilbert", "VQA answers in label order (`answers=`)",
-                 f"{_FB}/datasets.tar.gz (the VQA data root's cache/ folder)", f"{VILBERT} data/README.md"),
-    ReleasedFile("uniter-base.pt", "uniter", "UNITER-base pre-trained (`src=`)",
-                 "https://convaisharables.blob.core.windows.net/uniter/pretrained/uniter-base.pt",
-                 f"{UNITER} scripts/download_pretrained.sh"),
-    ReleasedFile("uniter-large.pt", "uniter", "UNITER-large pre-trained (`src=`)",
-                 "https://convaisharables.blob.core.windows.net/uniter/pretrained/uniter-large.pt",
-                 f"{UNITER} scripts/download_pretrained.sh"),
-    ReleasedFile("uniter-base.json", "uniter", "the UNITER-base model config (`config=`)",
-                 f"https://github.com/{UNITER}/blob/master/config/uniter-base.json",
-                 f"{UNITER} README.md (--model_config)"),
-    ReleasedFile("nlvr-base.tar", "uniter", "UNITER-base fine-tuned on NLVR2 (a training folder; its ckpt/*.pt go to `src=`)",
-                 "https://acvrpublicycchen.blob.core.windows.net/uniter/finetune/nlvr-base.tar",
-                 f"{UNITER} scripts/download_nlvr2.sh"),
-    *(ReleasedFile(f"meter_{name}.ckpt", "meter", f"METER-{what} (`src=`)", f"{_METER}/{tag}/meter_{name}.ckpt",
-                   f"{METER} README.md")
-      for name, tag, what in (
-          ("clip16_288_roberta_pretrain", "checkpoint", "CLIP16-RoBERTa pre-trained, 288 px"),
-          ("clip16_224_roberta_pretrain", "checkpoint2", "CLIP16-RoBERTa pre-trained, 224 px"),
-          ("swinbase_384_roberta_pretrain", "checkpoint2", "SwinBase-RoBERTa pre-trained, 384 px"),
-          ("clip16_288_roberta_vqa", "checkpoint", "CLIP16-RoBERTa fine-tuned on VQAv2, 576 px"),
-          ("clip16_288_roberta_nlvr2", "checkpoint", "CLIP16-RoBERTa fine-tuned on NLVR2, 288 px"),
-          ("clip16_288_roberta_snli", "checkpoint", "CLIP16-RoBERTa fine-tuned on SNLI-VE, 384 px"),
-          ("clip16_288_roberta_flickr", "checkpoint", "CLIP16-RoBERTa fine-tuned on Flickr30k IR/TR, 384 px"),
-          ("clip16_288_roberta_coco", "checkpoint", "CLIP16-RoBERTa fine-tuned on COCO IR/TR, 384 px"))),
     ReleasedFile("faster_rcnn_from_caffe_attr.pkl", "detector",
                  "BUTD Faster R-CNN R101 with attributes, converted from Caffe (`detector=butd weights=`)",
                  "https://nlp1.cs.unc.edu/models/faster_rcnn_from_caffe_attr.pkl",
@@ -203,19 +168,3 @@ for _entry in (
                  "MILVLG/bottom-up-attention.pytorch README.md (Pre-trained models)"),
 ):
     register_released_file(_entry)
-
-for _weights in (
-    PretrainedWeights("vilbert", "base.official", "pretrained_model.bin", "ViLBERT pre-trained on Conceptual Captions",
-                      config="bert_base_6layer_6conect.json"),
-    PretrainedWeights("vilbert", "base.multitask", "multi_task_model.bin", "12-in-1 multi-task ViLBERT",
-                      task="pretraining", config="bert_base_6layer_6conect.json"),
-    PretrainedWeights("uniter", "base.official", "uniter-base.pt", "UNITER-base pre-trained"),
-    PretrainedWeights("uniter", "large.official", "uniter-large.pt", "UNITER-large pre-trained"),
-    PretrainedWeights("meter", "clip16-roberta.288", "meter_clip16_288_roberta_pretrain.ckpt",
-                      "METER CLIP16-RoBERTa pre-trained, 288 px"),
-    PretrainedWeights("meter", "clip16-roberta.224", "meter_clip16_224_roberta_pretrain.ckpt",
-                      "METER CLIP16-RoBERTa pre-trained, 224 px"),
-    PretrainedWeights("meter", "swin-roberta.384", "meter_swinbase_384_roberta_pretrain.ckpt",
-                      "METER SwinBase-RoBERTa pre-trained, 384 px"),
-):
-    register_pretrained(_weights)

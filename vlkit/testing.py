@@ -11,7 +11,7 @@ of `vlkit.models.base.VLModel` on its `example_batch`: the declaration (`VLModel
 data decides, the config's presets), forward equals ``fuse`` of the cached encodings (re-paired too), padding
 leaves the real positions alone, the save / load round trip gives identical outputs, every head the family
 offers for every task it can serve builds, computes a finite loss on the task's example batch and backprops, and
-the family's own pre-training mix (``default_mix``) does the same with each of its objectives. The checks are
+the family's own pre-training mix (its recipe's ``mix``) does the same with each of its objectives. The checks are
 plain ``assert`` statements (no pytest import), each naming the family, task or objective at fault.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import torch
 
 from vlkit.models.base import CONFIG_NAME, DATA_SIZES, WEIGHTS_NAME, VLModel, build_model, from_pretrained
+from vlkit.models.recipe import recipe_of
 from vlkit.objectives.mix import build_pretraining
 from vlkit.registry import HEADS, MODELS, TASKS
 from vlkit.tasks import IncompatibleTask, build_task
@@ -198,13 +199,13 @@ class FamilyContract:
         assert served, f"{self.family} serves no task"
 
     def test_default_mix_trains(self) -> None:
-        """The family's own pre-training mix (``default_mix``) builds, and one step of all its objectives at once
-        gives a finite loss that backprops, with each objective's metrics."""
-        mix = self.model_class.default_mix
-        assert mix is not None, f"{self.family} declares no default_mix (its pre-training objective mix)"
+        """The family's own pre-training mix (its recipe's ``mix``, `vlkit.models.recipe.recipe_of`) builds, and one
+        step of all its objectives at once gives a finite loss that backprops, with each objective's metrics."""
+        mix = recipe_of(self.model_class).mix
+        assert mix is not None, f"{self.family} declares no pre-training objective mix (its recipe's mix)"
         model = self.build().train()
         pre = build_pretraining(model, mix)
         out = pre(self.example_batch(model), units=pre.units)
         missing = [u.name for u in pre.units if f"objective/{u.name}" not in out.metrics]
-        assert not missing, f"{self.family}: default_mix: objectives {', '.join(missing)} computed no loss"
-        self.assert_finite_backward(out.loss, pre, "default_mix")
+        assert not missing, f"{self.family}: its recipe's mix: objectives {', '.join(missing)} computed no loss"
+        self.assert_finite_backward(out.loss, pre, "its recipe's mix")

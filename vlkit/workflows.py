@@ -408,17 +408,18 @@ def _run_spec(run: Any) -> dict[str, Any]:
     """A run of a comparison: a model name (``uniter/tiny``) or a model built in Python (its config, and its
     processor's images), pre-trained with its family's own mix; else the run dict as given."""
     from vlkit.models.base import MODELS, VLModel, model_name
+    from vlkit.models.recipe import recipe_of
 
     if isinstance(run, VLModel):
         spec = {"name": f"{run.family}_{run.config.preset}", "model": {"name": run.family, **run.config.to_dict()},
-                "objectives": type(run).default_mix}
+                "objectives": recipe_of(run).mix}
         processor = getattr(run, "processor", None)
         return spec if processor is None else {**spec, "data": {"image": processor.data_config["image"]}}
     if not isinstance(run, str):
         return dict(run)
     family, preset = model_name(run)
     return {"name": run.replace("/", "_"), "model": {"name": family, "preset": preset},
-            "objectives": MODELS.get(family).default_mix}
+            "objectives": recipe_of(MODELS.get(family)).mix}
 
 
 __all__ = ["ComparisonResult", "RunResult", "compare", "evaluate", "finetune", "pairs_file", "pretrain"]

@@ -301,7 +301,12 @@ def test_uniter_boxes_drop_an_intersection_one_pixel_wide():
 
 
 def test_official_defaults_per_family():
-    assert M.REFEXP_OFFICIAL == {"vilbert": ("plus_one", ">"), "uniter": ("uniter", ">")}
+    """Each family's RefExp rule is in its recipe (METER has no official RefExp evaluation: the default)."""
+    from vlkit.models.recipe import recipe_of
+
+    assert {f: recipe_of(f).refexp for f in ("vilbert", "uniter", "meter")} == {
+        "vilbert": ("plus_one", ">"), "uniter": ("uniter", ">"), "meter": None}
+    assert M.REFEXP_DEFAULT == ("continuous", ">=")
 
 
 # -- NLVR2 -----------------------------------------------------------------------------------------

@@ -450,10 +450,11 @@ def pretraining_mix(model: nn.Module, present: Sequence[str], extra: Mapping[str
                     options: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """The family's default objective mix restricted to the objectives whose heads the checkpoint holds
     (``present``), with ``options`` merged into theirs and ``extra`` objectives added (their heads too)."""
+    from vlkit.models.recipe import recipe_of
     from vlkit.objectives.mix import load_mix
     from vlkit.registry import OBJECTIVES
 
-    mix = load_mix(type(model).default_mix)
+    mix = load_mix(recipe_of(model).mix)
     objectives = {}
     for name, opts in mix["objectives"].items():
         if name in present:

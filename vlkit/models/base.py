@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import inspect
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from vlkit.io import WeightsMismatchError, atomic_write_text, key_difference, load_weights, save_weights
+from vlkit.models.recipe import recipe_of
 from vlkit.registry import MODELS, UnknownNameError, did_you_mean
 from vlkit.types import Encoded, VLBatch, VLOutput
 
@@ -101,12 +103,12 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
     - ``image_types``: ``encode_image(batch, image_type_id=k)`` selects the image token type, and
       `extend_image_types` adds the type a second image takes (NLVR2);
     - ``task_inputs``: extra forward keywords a downstream task passes (ViLBERT's task tokens);
-    - the family's recipes: ``default_mix`` (its pre-training objective mix: a preset name of
-      ``conf/objectives``, a YAML path or a mapping), ``objective_defaults`` (objective name -> option
-      defaults, as its official code sets them), ``trainer_preset`` (`TrainerConfig` fields of its
-      official optimisation, ``trainer=<family>``); its task heads are registered with
-      `vlkit.register_head`; ``default_tokenizer`` (its official tokenizer, what ``data.tokenizer: null``
-      resolves to).
+    - ``keeps_rows``: ``fuse`` takes ``keep_rows`` (computes the kept positions only); declared, and checked
+      against ``fuse``'s signature when the family registers.
+
+    Its task heads are registered with `vlkit.register_head`; what its official code does with the
+    architecture (pre-training mix, objective defaults, trainer preset, tokenizer, RefExp rule, released
+    weights) is its recipe, registered beside the model file (`vlkit.models.recipe.register_recipe`).
     """
 
     family: ClassVar[str] = ""
@@ -116,10 +118,7 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
     mlm_tied: ClassVar[bool] = True  # the official MLM decoder is tied to the word embeddings
     encoder_prefixes: ClassVar[tuple[str, ...]] = ()  # pre-trained unimodal towers (METER's lower lr)
     image_offset: int = 0  # leading image states that are not inputs ([IMG], a ViT's [CLS]; VLOutput.image_offset)
-    default_mix: ClassVar[Any] = None
-    default_tokenizer: ClassVar[str] = "bert-base-uncased"
-    objective_defaults: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
-    trainer_preset: ClassVar[Mapping[str, Any]] = {}
+    keeps_rows: ClassVar[bool] = False  # fuse takes keep_rows (see `fuse`)
     size_fields: ClassVar[Mapping[str, str | None]] = {
         "vocab_size": "vocab_size", "region_feature_size": "v_feature_size", "region_classes": "v_target_size"}
 
@@ -146,7 +145,7 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
         A family may also take ``keep_rows=(text [B, T], image [B, K])``: bool masks of the token / region
         (patch) positions whose final states the caller reads (None: every position of that side); the
         last layers then compute those and the pooled positions only, and the other states come back as
-        zeros at full length. The pre-training mixture passes it when ``fuse`` accepts it."""
+        zeros at full length. The pre-training mixture passes it when the family declares ``keeps_rows``."""
 
     def encoding_modules(self, side: str) -> tuple[nn.Module, ...]:
         """The modules ``encode_text`` (``side="text"``) or ``encode_image`` (``"image"``) run. Training shares
@@ -222,6 +221,11 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
                 mapped = cls.data_fields({})
             except (TypeError, ValueError) as err:
                 mapped, problems = {}, problems + [str(err)]
+            takes_keep_rows = "keep_rows" in inspect.signature(cls.fuse).parameters
+            if cls.keeps_rows != takes_keep_rows:
+                problems.append(f"keeps_rows={cls.keeps_rows} but {cls.__name__}.fuse "
+                                f"{'takes' if takes_keep_rows else 'does not take'} keep_rows: declare keeps_rows = "
+                                f"{takes_keep_rows}")
             taken = DATA_SIZES if cls.image_input == "regions" else ("vocab_size",)
             lacking = {size: field for size, field in mapped.items() if size in taken and field not in fields}
             if lacking:
@@ -276,15 +280,21 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
 
     @classmethod
     def official_tokenizer(cls, config: ModelConfig) -> str:
-        """The tokenizer the family's official code pairs with ``config`` (``default_tokenizer``)."""
-        return cls.default_tokenizer
+        """The tokenizer the family's official code pairs with ``config`` (its recipe's, `recipe_of`)."""
+        return recipe_of(cls).official_tokenizer(config)
 
     def task_inputs(self, task: str, batch: VLBatch, task_id: int | None = None) -> dict[str, Any]:
         """Extra forward keywords for downstream ``task`` (none by default)."""
         return {}
 
     def get_input_embeddings(self) -> nn.Embedding:
-        return self.embeddings.word_embeddings
+        """The word embeddings (the MLM decoder ties to them; ``vocab_size`` reads them). The default reads a BERT
+        text stream's ``embeddings.word_embeddings``; a family laid out otherwise overrides it."""
+        word = getattr(getattr(self, "embeddings", None), "word_embeddings", None)
+        if not isinstance(word, nn.Embedding):
+            raise TypeError(f"{type(self).__name__} ({self.family}) has no embeddings.word_embeddings: override "
+                            "get_input_embeddings() to return its word embedding table")
+        return word
 
     def get_region_projection(self) -> nn.Linear:
         """The linear layer that projects region features into the model (MRFR ties to it)."""

@@ -19,8 +19,10 @@ from vlkit.models.encoders import TEXT_ENCODERS, vision_has_cls, vision_tokens
 from vlkit.models.heads import JointClassifier, PairClassifier, RankHead, init_linear
 from vlkit.models.layers import (BertCrossLayer, BertLayer, Pooler, additive_mask, extend_embedding, init_bert_weights,
                                  run_single_stream)
+from vlkit.models.recipe import Recipe, register_recipe
 from vlkit.models.rows import keep_index, scatter_rows, with_pooled
 from vlkit.registry import ENCODERS, register_head, register_model
+from vlkit.released import PretrainedWeights, ReleasedFile
 from vlkit.types import Encoded, VLBatch, VLOutput
 
 ROBERTA_BASE = dict(vocab_size=50265, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
@@ -105,14 +107,7 @@ class Meter(VLModel):
     image_types = True
     mlm_tied = False
     encoder_prefixes = ("text_transformer", "vit_model")
-    # task_mlm_itm_clip_bert: MLM + ITM in two forward passes, weight 1 each
-    default_mix = "meter"
-    default_tokenizer = "roberta-base"
-    objective_defaults = {"itm": {"negatives": "image", "split": "half", "match_index": 1, "dropout": 0.0}}
-    # meter/config.py task_mlm_itm_clip_bert, meter_utils.set_schedule (no gradient clipping)
-    trainer_preset = dict(max_steps=100000, lr=1e-5, lr_mult=5.0, lr_mult_head=5.0, betas=[0.9, 0.98], eps=1e-8,
-                          adamw_rule="hf", weight_decay=0.01, no_decay="bert_timm", warmup=0.1, schedule="polynomial",
-                          power=1.0, end_lr=0.0, schedule_offset=0, grad_clip=0.0, batching="fixed")
+    keeps_rows = True  # fuse takes keep_rows
 
     size_fields = {"vocab_size": "vocab_size", "region_feature_size": None, "region_classes": None}
 
@@ -122,11 +117,6 @@ class Meter(VLModel):
         its own vocabulary); METER takes pixels, no region sizes."""
         fields = super().data_fields(values)
         return {k: v for k, v in fields.items() if k != "vocab_size"} if values.get("text_pretrained") else fields
-
-    @classmethod
-    def official_tokenizer(cls, config: MeterConfig) -> str:
-        """``roberta-base`` for a RoBERTa text tower, ``bert-base-uncased`` for a BERT one (meter/config.py)."""
-        return cls.default_tokenizer if config.text_encoder == "roberta" else "bert-base-uncased"
 
     def __init__(self, config: MeterConfig):
         super().__init__(config)
@@ -273,3 +263,44 @@ class MeterRetrievalHead(RankHead):
     the ITM loss with the pre-training head frozen (``loss_names`` itm + irtr)."""
 
     output, recipe, frozen_itm_weight = "rank_output", "softmax", 1.0
+
+
+# -- the recipe: meter/config.py task_mlm_itm_clip_bert and the released files of zdou0830/METER
+METER = "zdou0830/METER"
+_RELEASES = "https://github.com/zdou0830/METER/releases/download"
+
+
+def meter_tokenizer(config: MeterConfig) -> str:
+    """``roberta-base`` for a RoBERTa text tower, ``bert-base-uncased`` for a BERT one (meter/config.py)."""
+    return "roberta-base" if config.text_encoder == "roberta" else "bert-base-uncased"
+
+
+register_recipe("meter", Recipe(
+    mix="meter",  # MLM + ITM in two forward passes, weight 1 each
+    tokenizer=meter_tokenizer,
+    objective_defaults={"itm": {"negatives": "image", "split": "half", "match_index": 1, "dropout": 0.0}},
+    # meter_utils.set_schedule (no gradient clipping)
+    trainer_preset=dict(max_steps=100000, lr=1e-5, lr_mult=5.0, lr_mult_head=5.0, betas=[0.9, 0.98], eps=1e-8,
+                        adamw_rule="hf", weight_decay=0.01, no_decay="bert_timm", warmup=0.1, schedule="polynomial",
+                        power=1.0, end_lr=0.0, schedule_offset=0, grad_clip=0.0, batching="fixed"),
+    released=tuple(
+        ReleasedFile(f"meter_{name}.ckpt", "meter", f"METER-{what} (`src=`)", f"{_RELEASES}/{tag}/meter_{name}.ckpt",
+                     f"{METER} README.md")
+        for name, tag, what in (
+            ("clip16_288_roberta_pretrain", "checkpoint", "CLIP16-RoBERTa pre-trained, 288 px"),
+            ("clip16_224_roberta_pretrain", "checkpoint2", "CLIP16-RoBERTa pre-trained, 224 px"),
+            ("swinbase_384_roberta_pretrain", "checkpoint2", "SwinBase-RoBERTa pre-trained, 384 px"),
+            ("clip16_288_roberta_vqa", "checkpoint", "CLIP16-RoBERTa fine-tuned on VQAv2, 576 px"),
+            ("clip16_288_roberta_nlvr2", "checkpoint", "CLIP16-RoBERTa fine-tuned on NLVR2, 288 px"),
+            ("clip16_288_roberta_snli", "checkpoint", "CLIP16-RoBERTa fine-tuned on SNLI-VE, 384 px"),
+            ("clip16_288_roberta_flickr", "checkpoint", "CLIP16-RoBERTa fine-tuned on Flickr30k IR/TR, 384 px"),
+            ("clip16_288_roberta_coco", "checkpoint", "CLIP16-RoBERTa fine-tuned on COCO IR/TR, 384 px"))),
+    pretrained=(
+        PretrainedWeights("meter", "clip16-roberta.288", "meter_clip16_288_roberta_pretrain.ckpt",
+                          "METER CLIP16-RoBERTa pre-trained, 288 px"),
+        PretrainedWeights("meter", "clip16-roberta.224", "meter_clip16_224_roberta_pretrain.ckpt",
+                          "METER CLIP16-RoBERTa pre-trained, 224 px"),
+        PretrainedWeights("meter", "swin-roberta.384", "meter_swinbase_384_roberta_pretrain.ckpt",
+                          "METER SwinBase-RoBERTa pre-trained, 384 px"),
+    ),
+))

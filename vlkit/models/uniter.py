@@ -18,8 +18,10 @@ from vlkit.models.base import BertStreamConfig, VLModel
 from vlkit.models.embeddings import BertTextEmbeddings, UniterRegionEmbeddings
 from vlkit.models.heads import Head, JointClassifier, RankHead, RegionScorer
 from vlkit.models.layers import MASK_VALUE, Pooler, bert_layers, extend_embedding, init_bert_weights, run_single_stream
+from vlkit.models.recipe import Recipe, register_recipe
 from vlkit.models.rows import with_pooled
 from vlkit.registry import register_head, register_model
+from vlkit.released import PretrainedWeights, ReleasedFile
 from vlkit.types import Encoded, VLBatch, VLOutput
 
 
@@ -48,18 +50,7 @@ class Uniter(VLModel):
     config_class = UniterConfig
     image_input = "regions"
     image_types = True
-    # config/pretrain-alldata-base-8gpu.json: ITM (+ WRA) : MLM : MRFR : MRC-kl, one per step
-    default_mix = "uniter"
-    default_tokenizer = "bert-base-cased"
-    objective_defaults = {
-        "itm": {"negatives": "image", "split": "bernoulli", "match_index": 1, "dropout": 0.0},
-        "mrc": {"reduction": "mean"},
-        "mrc_kl": {"reduction": "mean"},
-    }
-    # config/pretrain-*-base-8gpu.json, optim/misc.py (AdamW eps 1e-6), optim/sched.py
-    trainer_preset = dict(max_steps=200000, lr=5e-5, betas=[0.9, 0.98], eps=1e-6, weight_decay=0.01, no_decay="bert",
-                          adamw_rule="hf", warmup=10000, schedule="linear", schedule_offset=1, grad_clip=5.0,
-                          batching="units", max_units=10240, bucket_size=8192, size_multiple=8)
+    keeps_rows = True  # fuse takes keep_rows
 
     def __init__(self, config: UniterConfig):
         super().__init__(config)
@@ -195,3 +186,41 @@ class UniterRetrievalHead(RankHead):
     """``rank_output`` (initialised from the ITM "matched" row, ``init_output``); hard-negative triplets."""
 
     output, recipe = "rank_output", "hard_negatives"
+
+
+# -- the recipe: config/pretrain-alldata-base-8gpu.json and the released files of ChenRocks/UNITER
+UNITER = "ChenRocks/UNITER"
+_BLOB = "https://convaisharables.blob.core.windows.net/uniter/pretrained"
+register_recipe("uniter", Recipe(
+    mix="uniter",  # ITM (+ WRA) : MLM : MRFR : MRC-kl, one per step
+    tokenizer="bert-base-cased",
+    objective_defaults={
+        "itm": {"negatives": "image", "split": "bernoulli", "match_index": 1, "dropout": 0.0},
+        "mrc": {"reduction": "mean"},
+        "mrc_kl": {"reduction": "mean"},
+    },
+    # config/pretrain-*-base-8gpu.json, optim/misc.py (AdamW eps 1e-6), optim/sched.py
+    trainer_preset=dict(max_steps=200000, lr=5e-5, betas=[0.9, 0.98], eps=1e-6, weight_decay=0.01, no_decay="bert",
+                        adamw_rule="hf", warmup=10000, schedule="linear", schedule_offset=1, grad_clip=5.0,
+                        batching="units", max_units=10240, bucket_size=8192, size_multiple=8),
+    # data/re.py computeIoU, train_re.validate: xywh boxes, the intersection counted only when both its sides exceed
+    # one pixel, areas w x h, IoU > 0.5
+    refexp=("uniter", ">"),
+    released=(
+        ReleasedFile("uniter-base.pt", "uniter", "UNITER-base pre-trained (`src=`)", f"{_BLOB}/uniter-base.pt",
+                     f"{UNITER} scripts/download_pretrained.sh"),
+        ReleasedFile("uniter-large.pt", "uniter", "UNITER-large pre-trained (`src=`)", f"{_BLOB}/uniter-large.pt",
+                     f"{UNITER} scripts/download_pretrained.sh"),
+        ReleasedFile("uniter-base.json", "uniter", "the UNITER-base model config (`config=`)",
+                     f"https://github.com/{UNITER}/blob/master/config/uniter-base.json",
+                     f"{UNITER} README.md (--model_config)"),
+        ReleasedFile("nlvr-base.tar", "uniter",
+                     "UNITER-base fine-tuned on NLVR2 (a training folder; its ckpt/*.pt go to `src=`)",
+                     "https://acvrpublicycchen.blob.core.windows.net/uniter/finetune/nlvr-base.tar",
+                     f"{UNITER} scripts/download_nlvr2.sh"),
+    ),
+    pretrained=(
+        PretrainedWeights("uniter", "base.official", "uniter-base.pt", "UNITER-base pre-trained"),
+        PretrainedWeights("uniter", "large.official", "uniter-large.pt", "UNITER-large pre-trained"),
+    ),
+))

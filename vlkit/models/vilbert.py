@@ -17,8 +17,10 @@ from vlkit.models.embeddings import BertTextEmbeddings, ViLBERTRegionEmbeddings
 from vlkit.models.heads import JointClassifier, PairClassifier, RankHead, RegionScorer, init_linear
 from vlkit.models.layers import (BertIntermediate, BertLayer, BertOutput, BiAttention, BiOutput, Pooler,
                                  additive_mask, bert_layers, init_bert_weights, run_layers, run_single_stream)
+from vlkit.models.recipe import Recipe, register_recipe
 from vlkit.models.rows import with_pooled
 from vlkit.registry import register_head, register_model
+from vlkit.released import PretrainedWeights, ReleasedFile
 from vlkit.types import Encoded, VLBatch, VLOutput
 
 
@@ -135,18 +137,7 @@ class ViLBERT(VLModel):
     config_class = ViLBERTConfig
     image_input = "regions"
     image_offset = 1  # the [IMG] token
-    # train_concap.py (pretrained_model.bin): MLM + MRC-kl + ITM summed, joint masking
-    default_mix = "vilbert"
-    default_tokenizer = "bert-base-uncased"
-    objective_defaults = {
-        "itm": {"negatives": "text", "split": "bernoulli", "match_index": 0, "dropout": 0.1},
-        "mrc": {"reduction": "per_region"},
-        "mrc_kl": {"reduction": "per_region"},
-    }
-    # train_concap.py: AdamW, WarmupLinearSchedule stepped before the optimizer, no clipping
-    trainer_preset = dict(lr=1e-4, betas=[0.9, 0.98], eps=1e-8, weight_decay=0.01, no_decay="bert", warmup=0.1,
-                          adamw_rule="hf", schedule="linear", schedule_offset=1, grad_clip=0.0, batching="fixed",
-                          batch_size=512)
+    keeps_rows = True  # fuse takes keep_rows
     # vilbert_tasks.yml TASK<n> (retrieval: Flickr30k, COCO is 7; refexp: refcoco+, refcoco 9, refcocog 11; GQA 15)
     official_task_ids = {"vqa": 1, "retrieval": 8, "refexp": 10, "nlvr2": 12, "snli_ve": 13}
 
@@ -365,3 +356,41 @@ class ViLBERTRetrievalHead(RankHead):
     """``vil_logit``: Linear(joint, 1); 4-way multiple choice with a hard negative; randomly initialised."""
 
     output, dropout_prob, recipe, init_from_itm = "vil_logit", 0.1, "multiple_choice", False
+
+
+# -- the recipe: train_concap.py (pretrained_model.bin) and the released files of facebookresearch/vilbert-multi-task
+VILBERT = "facebookresearch/vilbert-multi-task"
+_FB = "https://dl.fbaipublicfiles.com/vilbert-multi-task"
+_CONFIG = "bert_base_6layer_6conect.json"
+register_recipe("vilbert", Recipe(
+    mix="vilbert",  # MLM + MRC-kl + ITM summed, joint masking
+    tokenizer="bert-base-uncased",
+    objective_defaults={
+        "itm": {"negatives": "text", "split": "bernoulli", "match_index": 0, "dropout": 0.1},
+        "mrc": {"reduction": "per_region"},
+        "mrc_kl": {"reduction": "per_region"},
+    },
+    # AdamW, WarmupLinearSchedule stepped before the optimizer, no clipping
+    trainer_preset=dict(lr=1e-4, betas=[0.9, 0.98], eps=1e-8, weight_decay=0.01, no_decay="bert", warmup=0.1,
+                        adamw_rule="hf", schedule="linear", schedule_offset=1, grad_clip=0.0, batching="fixed",
+                        batch_size=512),
+    # refer_expression_dataset.iou + task_utils "V-logit": +1 pixel in widths, heights and the intersection, IoU > 0.5
+    refexp=("plus_one", ">"),
+    released=(
+        ReleasedFile("pretrained_model.bin", "vilbert", "ViLBERT pre-trained on Conceptual Captions (`src=`)",
+                     f"{_FB}/pretrained_model.bin", f"{VILBERT} README.md"),
+        ReleasedFile("multi_task_model.bin", "vilbert", "12-in-1 multi-task ViLBERT, every task head (`src=`, `task=`)",
+                     f"{_FB}/multi_task_model.bin", f"{VILBERT} README.md"),
+        ReleasedFile(_CONFIG, "vilbert", "the model config of both files (`config=`)",
+                     f"https://github.com/{VILBERT}/blob/master/config/{_CONFIG}",
+                     f"{VILBERT} config/ (named by README.md's commands)"),
+        ReleasedFile("trainval_label2ans.pkl", "vilbert", "VQA answers in label order (`answers=`)",
+                     f"{_FB}/datasets.tar.gz (the VQA data root's cache/ folder)", f"{VILBERT} data/README.md"),
+    ),
+    pretrained=(
+        PretrainedWeights("vilbert", "base.official", "pretrained_model.bin", "ViLBERT pre-trained on Conceptual Captions",
+                          config=_CONFIG),
+        PretrainedWeights("vilbert", "base.multitask", "multi_task_model.bin", "12-in-1 multi-task ViLBERT",
+                          task="pretraining", config=_CONFIG),
+    ),
+))

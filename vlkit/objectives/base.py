@@ -124,9 +124,11 @@ class Objective(nn.Module, metaclass=abc.ABCMeta):
 
     @classmethod
     def options(cls, model: VLModel, given: dict[str, Any]) -> dict[str, Any]:
-        """The defaults the model's family declares for this objective (``objective_defaults``),
+        """The defaults the model's family declares for this objective (its recipe's ``objective_defaults``),
         overridden by ``given``."""
-        return {**model.objective_defaults.get(cls.name, {}), **given}
+        from vlkit.models.recipe import recipe_of
+
+        return {**recipe_of(model).objective_defaults.get(cls.name, {}), **given}
 
     def rows(self, ctx: PassContext) -> tuple[Tensor | None, Tensor | None] | None:
         """The token / region (patch) positions whose fused states this objective reads, as ``(text [B, T],

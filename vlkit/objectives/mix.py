@@ -166,7 +166,7 @@ class Pretraining(nn.Module):
             name: cls(self, cfg.get(cls.options_key) if cls.options_key else None) for name, cls in views().items()}
         self.mask_views = {o.view for o in self.objectives.values()
                            if o.view != UNIMODAL and self.corruptions[o.view].masks}
-        self._keep_rows = "keep_rows" in inspect.signature(model.fuse).parameters  # the family prunes rows
+        self._keep_rows = getattr(type(model), "keeps_rows", False)  # the family prunes rows (declared)
         self._shared_sides: dict[str, bool] | None = None
 
     def train(self, mode: bool = True) -> "Pretraining":

@@ -18,7 +18,7 @@ from torch import Tensor
 from vlkit.objectives.base import accuracy
 
 __all__ = [
-    "IOU_BOXES", "IOU_COMPARISONS", "META_SUM_KEYS", "REFEXP_OFFICIAL", "RETRIEVAL_TIES", "VQA_RULES",
+    "IOU_BOXES", "IOU_COMPARISONS", "META_SUM_KEYS", "RETRIEVAL_TIES", "VQA_RULES",
     "accuracy", "mean_by", "meta_sum", "nlvr2_consistency", "nlvr2_sentence", "normalize_answer",
     "official_points", "paired_box_iou", "process_digit_article", "process_punctuation", "recall", "recall_at_k",
     "refexp_accuracy", "refexp_hits", "refexp_iou", "vqa_accuracy", "vqa_question_accuracy",
@@ -258,14 +258,13 @@ def paired_box_iou(boxes1: Tensor, boxes2: Tensor, chunk: int = 1024) -> Tensor:
     return iou.nan_to_num(0.0)
 
 
-# RefExp hit rules of the official evaluations: (box convention, comparison with the threshold).
-# ViLBERT (vilbert-multi-task, refer_expression_dataset.iou + task_utils "V-logit"): xyxy boxes with
-# +1 pixel in widths, heights and the intersection, hit when IoU > 0.5. UNITER (data/re.py computeIoU,
-# train_re.validate): xywh boxes, the intersection counted only when both its sides exceed one pixel,
-# areas w x h, hit when IoU > 0.5. ``continuous``: plain areas (torchvision ``box_iou``).
+# RefExp hit rules: (box convention, comparison with the threshold); each family's official one is in its recipe
+# (`vlkit.models.recipe.Recipe.refexp`). ``plus_one`` (ViLBERT, vilbert-multi-task refer_expression_dataset.iou):
+# xyxy boxes with +1 pixel in widths, heights and the intersection. ``uniter`` (UNITER, data/re.py computeIoU):
+# xywh boxes, the intersection counted only when both its sides exceed one pixel, areas w x h. ``continuous``:
+# plain areas (torchvision ``box_iou``).
 IOU_BOXES = ("continuous", "plus_one", "uniter")
 IOU_COMPARISONS = (">=", ">")
-REFEXP_OFFICIAL = {"vilbert": ("plus_one", ">"), "uniter": ("uniter", ">")}
 REFEXP_DEFAULT = ("continuous", ">=")  # a family without an official RefExp evaluation
 
 
@@ -302,7 +301,7 @@ def refexp_accuracy(pred_boxes: Tensor, gt_boxes: Tensor, iou_threshold: float =
                     comparison: str = ">=") -> float:
     """Referring-expression accuracy: the share of predicted boxes whose IoU with the target (under the
     box convention ``boxes``) compares ``comparison`` to ``iou_threshold``. The official evaluations:
-    `REFEXP_OFFICIAL` (ViLBERT ``plus_one`` and ``>``, UNITER ``uniter`` and ``>``)."""
+    the families' recipes (ViLBERT ``plus_one`` and ``>``, UNITER ``uniter`` and ``>``)."""
     if len(pred_boxes) == 0:
         raise ValueError("refexp_accuracy: no boxes")
     return refexp_hits(refexp_iou(pred_boxes, gt_boxes, boxes), iou_threshold, comparison).double().mean().item()

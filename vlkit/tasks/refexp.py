@@ -29,9 +29,10 @@ from torch import Tensor
 
 from vlkit.models.base import VLModel
 from vlkit.models.layers import MASK_VALUE
+from vlkit.models.recipe import recipe_of
 from vlkit.registry import register_task
 from vlkit.tasks.base import IncompatibleTask, Task, TaskData, eval_batches, gather, task_source, world_needed
-from vlkit.tasks.metrics import (IOU_BOXES, IOU_COMPARISONS, REFEXP_DEFAULT, REFEXP_OFFICIAL, refexp_accuracy,
+from vlkit.tasks.metrics import (IOU_BOXES, IOU_COMPARISONS, REFEXP_DEFAULT, refexp_accuracy,
                                  refexp_hits, refexp_iou)
 from vlkit.types import LossOutput, VLBatch
 
@@ -88,8 +89,8 @@ class RefExp(Task):
     the code default); ``head``: one of the family's RefExp heads; ``task_id``: the model's task input
     (ViLBERT's task token, default its RefCOCO+ id). ``iou_boxes`` / ``iou_comparison``: the hit rule
     `evaluate` scores with (`vlkit.tasks.metrics.IOU_BOXES`, ``>=`` | ``>``); by default the family's
-    official evaluation (`vlkit.tasks.metrics.REFEXP_OFFICIAL`: ViLBERT ``plus_one`` and ``>``, UNITER
-    ``uniter`` and ``>``), else ``continuous`` and ``>=``. Training targets keep plain IoU >= 0.5.
+    official evaluation (its recipe's ``refexp``, `vlkit.models.recipe.Recipe`: ViLBERT ``plus_one`` and ``>``,
+    UNITER ``uniter`` and ``>``), else ``continuous`` and ``>=``. Training targets keep plain IoU >= 0.5.
     """
 
     name = "refexp"
@@ -99,7 +100,7 @@ class RefExp(Task):
                  iou_comparison: str | None = None):
         self.check(model)
         super().__init__(model)
-        official = REFEXP_OFFICIAL.get(model.family, REFEXP_DEFAULT)
+        official = recipe_of(model).refexp or REFEXP_DEFAULT
         self.iou_boxes, self.iou_comparison = iou_boxes or official[0], iou_comparison or official[1]
         if self.iou_boxes not in IOU_BOXES or self.iou_comparison not in IOU_COMPARISONS:
             raise ValueError(f"refexp: iou_boxes must be one of {', '.join(IOU_BOXES)} and iou_comparison one of "

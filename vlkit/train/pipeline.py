@@ -260,10 +260,12 @@ def data_source(env: Environment) -> str:
 
 
 def family_mix(model: VLModel, mix: Any = None) -> Any:
-    """``mix``, or the model family's own pre-training mix (``default_mix``) when it is None."""
+    """``mix``, or the model family's own pre-training mix (its recipe's ``mix``) when it is None."""
+    from vlkit.models.recipe import recipe_of
+
     mix = plain(mix)
     if mix is None:
-        mix = plain(type(model).default_mix)
+        mix = plain(recipe_of(model).mix)
         if mix is None:
             raise ValueError(f"{model.family} declares no default objective mix: choose one with objectives=<preset>")
     return mix

@@ -144,7 +144,7 @@ class TrainerConfig:
 
     @classmethod
     def from_preset(cls, preset: str, **overrides: Any) -> "TrainerConfig":
-        """A family's official recipe (``VLModel.trainer_preset``) with ``overrides``."""
+        """A family's official recipe (its `vlkit.models.recipe.Recipe` ``trainer_preset``) with ``overrides``."""
         presets = trainer_presets()
         if preset not in presets:
             raise KeyError(f"unknown trainer preset {preset!r}; presets: {', '.join(presets)}")
@@ -181,11 +181,13 @@ _KINDS = {"int": "a whole number", "float": "a number", "Optional[float]": "a nu
 
 
 def trainer_presets() -> dict[str, dict[str, Any]]:
-    """Each registered family's official pre-training recipe (``VLModel.trainer_preset``); batch and
-    accumulation depend on the hardware."""
+    """Each registered family's official pre-training recipe (its `vlkit.models.recipe.Recipe` ``trainer_preset``);
+    batch and accumulation depend on the hardware."""
+    from vlkit.models.recipe import recipe_of
     from vlkit.registry import MODELS
 
-    return {name: dict(MODELS.get(name).trainer_preset) for name in MODELS.names() if MODELS.get(name).trainer_preset}
+    presets = {name: recipe_of(MODELS.get(name)).trainer_preset for name in MODELS.names()}
+    return {name: dict(preset) for name, preset in presets.items() if preset}
 
 
 def register_hydra_configs() -> None:

@@ -35,15 +35,20 @@ class ViLTConfig(vlkit.ModelConfig):
     patch_size: int = 32
 
 
+# the recipe beside the model (VisualBERT's plugin still declares its recipe on the class, as older plugins do)
+vlkit.register_recipe("vilt", vlkit.Recipe(
+    mix={"sampling": "sum", "masking": "conditional",
+         "objectives": {"mlm": {"weight": 1.0}, "itm": {"weight": 1.0, "split": "half"}}},
+    trainer_preset=dict(lr=1e-4, weight_decay=0.01, no_decay="bert", warmup=0.1, schedule="linear", grad_clip=1.0),
+))
+
+
 @vlkit.register_model("vilt")
 class ViLT(vlkit.VLModel):
     family = "vilt"
     config_class = ViLTConfig
     image_input = "pixels"
     image_types = True
-    default_mix = {"sampling": "sum", "masking": "conditional",
-                   "objectives": {"mlm": {"weight": 1.0}, "itm": {"weight": 1.0, "split": "half"}}}
-    trainer_preset = dict(lr=1e-4, weight_decay=0.01, no_decay="bert", warmup=0.1, schedule="linear", grad_clip=1.0)
 
     def __init__(self, config: ViLTConfig):
         super().__init__(config)
