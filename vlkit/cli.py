@@ -135,12 +135,16 @@ class UsageError(ValueError):
     """A command line vlkit cannot read: an unknown command, key or group option (exit status 2)."""
 
 
-def _register() -> None:
+def _register(command: str | None = None) -> None:
     from vlkit.models.base import register_hydra_configs
     from vlkit.train import register_hydra_configs as register_trainer_configs
 
     register_hydra_configs()
     register_trainer_configs()
+    if command == "compare":  # each executor's compare.<name> block
+        from vlkit.compare.executor_base import register_hydra_configs as register_executor_configs
+
+        register_executor_configs()
 
 
 def compose(command: str, overrides: list[str] | None = None):
@@ -164,7 +168,7 @@ def _compose(command: str, overrides: list[str] | None = None):
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 
-    _register()
+    _register(command)
     overrides = list(overrides or [])
     hydra_overrides, plain = _plain_keys(command, overrides)
     with tempfile.TemporaryDirectory(prefix="vlkit-conf-") as search_dir:
@@ -326,7 +330,7 @@ def _group_options(command: str) -> dict[str, list[str]]:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    _register()
+    _register(command)
     cfg = compose(command, [])
     groups = [g for g in GROUPS if g in cfg or g == "objectives"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=f"vlkit-{command}-help"):
@@ -354,6 +358,10 @@ def command_help(command: str) -> str:
             lines.append(f"  {group + '=':<12} {', '.join(names)}{notes.get(group, '')}")
     cfg = compose(command, [])
     comments = _comments(top)
+    if command == "compare":
+        from vlkit.compare.executor_base import notes
+
+        comments.update(notes())
     defaults = OmegaConf.to_container(cfg, resolve=False)
     for group in ("data", "task", "trainer", "compare"):
         node = defaults.get(group)
