@@ -10,7 +10,8 @@ Composing in Python: `build_processor` (a `VLProcessor`: tokenizer, images, coll
 The extension API (a new family in its own package, found through the ``vlkit.plugins`` entry point):
 `register_model` with `VLModel` / `ModelConfig`, `register_head` with the head bases (`Head`,
 `JointClassifier`, `PairClassifier`, `RegionScorer`, `RankHead`), `register_objective` with
-`Objective`, `register_corruption` with `Corruption` (a view an objective scores), and the shared layers
+`Objective`, `register_corruption` with `Corruption` (a view an objective scores), `register_executor` with
+`Executor` (where a comparison's units run), and the shared layers
 (`BertLayer`, `Pooler`, `run_single_stream`, `init_bert_weights` ...).
 Names other than the registries and the contracts load on first use, so ``import vlkit`` stays light.
 """
@@ -23,7 +24,8 @@ from typing import Any
 
 from vlkit.registry import (CONVERTERS, CORRUPTIONS, DATASETS, ENCODERS, EXECUTORS, HEADS, MODELS, OBJECTIVES, TASKS,
                             Registry, UnknownNameError, register_converter, register_corruption, register_dataset,
-                            register_encoder, register_head, register_model, register_objective, register_task)
+                            register_encoder, register_executor, register_head, register_model, register_objective,
+                            register_task)
 from vlkit.released import PRETRAINED, RELEASED_FILES
 from vlkit.types import Encoded, LossOutput, VLBatch, VLOutput
 from vlkit.version import __version__
@@ -63,6 +65,7 @@ _LAZY = {
     **dict.fromkeys(("ImageTextPairs", "VLCollator", "build_pairs", "build_tokenizer", "build_image_source"),
                     "vlkit.data"),
     "TrainerConfig": "vlkit.train",
+    "Executor": "vlkit.compare.executor_base",
 }
 
 
@@ -100,8 +103,9 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "CONVERTERS", "CORRUPTIONS", "DATASETS", "ENCODERS", "HEADS", "MODELS", "OBJECTIVES", "TASKS", "Registry",
-    "UnknownNameError", "register_converter", "register_corruption", "register_dataset", "register_encoder",
+    "CONVERTERS", "CORRUPTIONS", "DATASETS", "ENCODERS", "EXECUTORS", "HEADS", "MODELS", "OBJECTIVES", "TASKS",
+    "Registry", "UnknownNameError", "register_converter", "register_corruption", "register_dataset",
+    "register_encoder", "register_executor",
     "register_head", "register_model", "register_objective", "register_task",
     "Encoded", "LossOutput", "VLBatch", "VLOutput",
     "__version__", *_LAZY, *_CALLABLE_PACKAGES,

@@ -131,12 +131,16 @@ class UsageError(ValueError):
     """A command line vlkit cannot read: an unknown command, key or group option (exit status 2)."""
 
 
-def _register() -> None:
+def _register(command: str | None = None) -> None:
     from vlkit.config import register_model_configs
     from vlkit.train import register_hydra_configs as register_trainer_configs
 
     register_model_configs()
     register_trainer_configs()
+    if command == "compare":  # each executor's compare.<name> block
+        from vlkit.compare.executor_base import register_hydra_configs as register_executor_configs
+
+        register_executor_configs()
 
 
 def compose(command: str, overrides: list[str] | None = None):
@@ -160,7 +164,7 @@ def _compose(command: str, overrides: list[str] | None = None):
     from vlkit.config import compose_errors, compose_file
 
     missing_option, unreadable, not_composed = compose_errors()
-    _register()
+    _register(command)
     overrides = list(overrides or [])
     hydra_overrides, plain = _plain_keys(command, overrides)
     with tempfile.TemporaryDirectory(prefix="vlkit-conf-") as search_dir:
@@ -317,7 +321,7 @@ def _comments(path: Path, prefix: str = "") -> dict[str, str]:
 def _group_options(command: str) -> dict[str, list[str]]:
     from vlkit.config import group_options
 
-    _register()
+    _register(command)
     cfg = compose(command, [])
     groups = [g for g in GROUPS if g in cfg or g == "objectives"]
     return group_options(CONF_DIR, groups, job_name=f"vlkit-{command}-help")
@@ -343,6 +347,10 @@ def command_help(command: str) -> str:
             lines.append(f"  {group + '=':<12} {', '.join(names)}{notes.get(group, '')}")
     cfg = compose(command, [])
     comments = _comments(top)
+    if command == "compare":
+        from vlkit.compare.executor_base import notes
+
+        comments.update(notes())
     defaults = to_container(cfg, resolve=False)
     for group in ("data", "task", "trainer", "compare"):
         node = defaults.get(group)

@@ -180,13 +180,14 @@ def merge_structured(cls: type, *layers: Any) -> Any:
     return OmegaConf.to_object(merged)
 
 
-def store_configs(group: str, nodes: Mapping[str, Any]) -> None:
-    """Store ``nodes`` (name -> config node) in Hydra's ConfigStore under ``group`` (``model=<name>``)."""
+def store_configs(group: str, nodes: Mapping[str, Any], package: str | None = None) -> None:
+    """Store ``nodes`` (name -> config node) in Hydra's ConfigStore under ``group`` (``model=<name>``), at
+    ``package`` if given."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
     for name, node in nodes.items():
-        store.store(group=group, name=name, node=node)
+        store.store(group=group, name=name, node=node, package=package)
 
 
 def command_preset(config_class: type) -> str:

@@ -79,6 +79,7 @@ class Registry:
     def __init__(self, kind: str, home: str | None = None):
         self.kind = kind
         self.home = home  # the module whose import registers the built-in entries (None: they need no import)
+        self.base: type | None = None  # the class every entry subclasses, when its home declares one
         self._entries: dict[str, Any] = {}
 
     def register(self, name: str | None = None, *, override: bool = False) -> Callable[[Any], Any]:
@@ -103,6 +104,9 @@ class Registry:
             raise RegistrationError(f"{what} is already registered by {owner} {describe_entry(existing)}; "
                                     f"{describe_entry(obj)} cannot take its name: register it under another name, or "
                                     "pass override=True to replace that entry on purpose")
+        if self.base is not None and not (isinstance(obj, type) and issubclass(obj, self.base)):
+            raise RegistrationError(f"{what} ({describe_entry(obj)}): it must subclass "
+                                    f"{describe_entry(self.base)}")
         check = getattr(obj, "check_contract", None)
         if callable(check):
             check(key)
@@ -131,6 +135,11 @@ class Registry:
     def names(self) -> list[str]:
         self._populate()
         return sorted(self._entries)
+
+    def entries(self) -> dict[str, Any]:
+        """``name -> entry`` in the order registered (the built-ins first, then the plugins)."""
+        self._populate()
+        return dict(self._entries)
 
     def __contains__(self, name: str) -> bool:
         return name in self.names()

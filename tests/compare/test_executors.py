@@ -268,3 +268,39 @@ def test_a_worker_killed_by_the_system_is_retried(local_records, tmp_path):
     assert [untimed(r) for r in records(out)] == expected
     log = (out / "runs" / killed[0] / "unit.log").read_text()
     assert "attempt 1" in log and "attempt 2" in log
+
+
+def test_an_executor_registration_is_checked():
+    """Issue 45: the executor contract is code (`vlkit.Executor`), checked when an executor registers."""
+    from vlkit import EXECUTORS, Executor, register_executor
+    from vlkit.registry import RegistrationError
+
+    class NotOne:
+        def submit(self, key): ...
+
+    class Half(Executor):
+        def submit(self, key): ...
+
+    class Stray(Executor):
+        config = {"queue": None}
+        resume_safe = ("queues",)
+        submit = wait = close = lambda self, *a: None
+
+    for cls, rule in ((NotOne, "it must subclass vlkit.compare.executor_base.Executor"), (Half, "define close, wait"),
+                      (Stray, "name key.s. queues that its config lacks")):
+        with pytest.raises(RegistrationError, match=rule):
+            register_executor("probe_" + cls.__name__.lower())(cls)
+        assert "probe_" + cls.__name__.lower() not in EXECUTORS
+
+
+def test_the_settings_and_the_resume_keys_derive_from_the_registry():
+    from vlkit.compare.executor_base import run_keys, unit_nodes
+    from vlkit.compare.executors import ExecutorSettings
+
+    settings = ExecutorSettings({"compare": {"slurm": {"nodes": 2}}})
+    assert settings.block("slurm")["nodes"] == 2 and settings.block("ray") == {"address": None, "num_cpus": None,
+                                                                                 "max_concurrent": None}
+    assert unit_nodes({"slurm": {"nodes": 2}}) == 2 and unit_nodes({}) == 1
+    assert {"compare.slurm", "compare.ray"} <= set(run_keys())
+    with pytest.raises(KeyError, match=r"compare.ray: unknown key\(s\) adress; known: address, max_concurrent, num_cpus"):
+        ExecutorSettings({"compare": {"ray": {"adress": "auto"}}})

@@ -1,5 +1,5 @@
 """``install_plugin``: a plugin package of this folder pip-installed into a temporary target, found through its
-``vlkit.plugins`` entry point, and removed from every registry afterwards."""
+``vlkit.plugins`` entry point (a family's or an executor's), and removed from every registry afterwards."""
 import shutil
 import subprocess
 import sys
@@ -12,7 +12,8 @@ from vlkit import registry
 HERE = Path(__file__).resolve().parent
 
 
-def _forget(family: str, module: str) -> None:
+def _forget(family: str | None, module: str, executor: str | None) -> None:
+    registry.EXECUTORS._entries.pop(executor, None)
     for table in (registry.MODELS, registry.CONVERTERS):
         table._entries.pop(family, None)
     registry.CONVERTERS._signatures.pop(family, None)
@@ -27,7 +28,7 @@ def install_plugin(tmp_path_factory):
     monkeypatch = pytest.MonkeyPatch()
     installed = []
 
-    def install(package: str, module: str, family: str) -> Path:
+    def install(package: str, module: str, family: str | None = None, executor: str | None = None) -> Path:
         root = tmp_path_factory.mktemp(package)
         shutil.copytree(HERE / package, root / "src")  # build outside the repository
         target = root / "site"
@@ -36,10 +37,11 @@ def install_plugin(tmp_path_factory):
         monkeypatch.syspath_prepend(str(target))
         monkeypatch.setattr(registry, "_plugins_loaded", False)
         assert module not in sys.modules and family not in registry.MODELS._entries
-        installed.append((family, module))
+        assert executor not in registry.EXECUTORS._entries
+        installed.append((family, module, executor))
         return target
 
     yield install
     monkeypatch.undo()
-    for family, module in installed:
-        _forget(family, module)
+    for family, module, executor in installed:
+        _forget(family, module, executor)

@@ -44,9 +44,10 @@ from vlkit.compare.scheduling import Comparison, Progress, digest
 from vlkit.compare.statistics import HEADLINE, mean_ci, paired_p_value, summarize
 from vlkit.compare.units import PLAN_FILE, UnitFolder, changed_keys, rerun_reason, status
 
-# Keys a resumed comparison may change: where and how units run, not what they compute.
+# Keys a resumed comparison may change: where and how units run, not what they compute (with each executor's
+# resume-safe keys of its block, `vlkit.compare.executors.run_keys`).
 RESUME_SAFE = ("output_dir", "resume", "dry_run", "progress", "workers", "cache_dir", "manifest",
-               "expected_data_hash", "compare.retries", "compare.executor", "compare.slurm", "compare.ray", "compare.plan",
+               "expected_data_hash", "compare.retries", "compare.executor", "compare.plan",
                "compare.probe", "compare.until", "compare.max_seeds", "compare.round_seeds", "compare.claims",
                "compare.heartbeat_s")
 # (the claims and until / max_seeds / round_seeds decide what is tested and which seeds run, not what a unit
@@ -65,6 +66,7 @@ def _check_seeds(seeds: Any) -> None:
 def _saved_plan(cfg: dict[str, Any], output_dir: Path, resume: bool) -> dict[str, Any] | None:
     """The checks of `_plan`, which write nothing: the plan saved in ``output_dir`` when resuming (None for a new
     comparison); a folder that holds something else, or a changed configuration, is refused."""
+    from vlkit.compare.executor_base import run_keys
     from vlkit.compare.report import dump_json
     from vlkit.compare.units import PLAN_DAMAGED
     from vlkit.io import read_json
@@ -78,7 +80,7 @@ def _saved_plan(cfg: dict[str, Any], output_dir: Path, resume: bool) -> dict[str
     if not path.is_file():
         raise FileNotFoundError(f"resume=true: {output_dir} holds no {PLAN_FILE}, so it is not a vlkit comparison")
     saved = read_json(path, PLAN_DAMAGED)
-    changed = changed_keys(saved["config"], json.loads(dump_json(_planned(cfg))), RESUME_SAFE)
+    changed = changed_keys(saved["config"], json.loads(dump_json(_planned(cfg))), RESUME_SAFE + run_keys())
     if changed:
         raise ValueError(f"resume=true: the configuration differs from the one {output_dir} was started with "
                          f"({path}); changed: " + "; ".join(changed) + ". Rerun with the original settings, or "

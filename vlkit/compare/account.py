@@ -163,6 +163,7 @@ def spent_plan(comparison: Any, results: dict[Any, dict[str, Any]]) -> Any:
     a later report counts only what is new."""
     from vlkit.compare.config import unit_threads
     from vlkit.compare.devices import gpu_device
+    from vlkit.compare.executor_base import unit_nodes
     from vlkit.compare.plan import make_plan, plan_settings
     from vlkit.compare.report import dump_json
     from vlkit.io import atomic_write_text
@@ -182,7 +183,7 @@ def spent_plan(comparison: Any, results: dict[Any, dict[str, Any]]) -> Any:
         counted = {}  # none yet, or cut short: counted again
     known = len(counted)
     plan = make_plan(comparison, settings, gpus, unit_threads(comparison.cfg),
-                     int((compare.get("slurm") or {}).get("nodes") or 1), counted)
+                     unit_nodes(compare), counted)
     if len(counted) > known:
         atomic_write_text(path, dump_json(counted))
     return plan

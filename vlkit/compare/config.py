@@ -31,9 +31,16 @@ class RunSpec:
         return self.model["name"]
 
 
-# Keys a command line may set beside ``manifest=``: where and how the units run, not what they compute.
+# Keys a command line may set beside ``manifest=``: where and how the units run, not what they compute (and each
+# executor's resume-safe keys of its block, `manifest_run_keys`).
 MANIFEST_RUN_KEYS = ("output_dir", "resume", "dry_run", "workers", "progress", "cache_dir", "compare.retries",
-                     "compare.executor", "compare.slurm", "compare.ray", "compare.heartbeat_s")
+                     "compare.executor", "compare.heartbeat_s")
+
+
+def manifest_run_keys() -> tuple[str, ...]:
+    from vlkit.compare.executor_base import run_keys
+
+    return MANIFEST_RUN_KEYS + run_keys()
 
 
 def _select(config: Any, key: str, default: Any = None) -> Any:
@@ -46,19 +53,20 @@ def _select(config: Any, key: str, default: Any = None) -> Any:
 
 def resolve_config(cfg: Any, explicit: set[str] | None = None) -> dict[str, Any]:
     """The comparison as plain data: from ``manifest=`` when given, else the composed config. With a manifest the
-    command line's `MANIFEST_RUN_KEYS` apply; any other key it sets (``explicit``) to a value the manifest does not
+    command line's `manifest_run_keys` apply; any other key it sets (``explicit``) to a value the manifest does not
     hold is refused, named with both values: the manifest's comparison is what runs."""
     from vlkit.io import read_json
 
     cfg = plain(cfg)
     if not cfg.get("manifest"):
         return cfg
+    run_keys = manifest_run_keys()
     manifest = read_json(cfg["manifest"], "manifest= names the manifest.json of a finished comparison")
     resolved = manifest["config"]
     unset = object()
     conflicts = []
     for key in sorted(explicit or ()):
-        if key == "manifest" or any(key == k or key.startswith(k + ".") for k in MANIFEST_RUN_KEYS):
+        if key == "manifest" or any(key == k or key.startswith(k + ".") for k in run_keys):
             continue
         given, recorded = _select(cfg, key, unset), _select(resolved, key, unset)
         if given is not unset and json.dumps(given, sort_keys=True, default=str) != \
@@ -68,11 +76,11 @@ def resolve_config(cfg: Any, explicit: set[str] | None = None) -> dict[str, Any]
     if conflicts:
         raise ValueError(f"manifest={cfg['manifest']} reruns the comparison it records, and the command line changes "
                          f"it: {'; '.join(conflicts)}. Drop those keys to rerun the manifest, or run the changed "
-                         f"comparison without manifest=. Beside manifest= you may set: {', '.join(MANIFEST_RUN_KEYS)}")
-    for key in MANIFEST_RUN_KEYS:  # how to run it, from the command line (the first five always, as before)
+                         f"comparison without manifest=. Beside manifest= you may set: {', '.join(run_keys)}")
+    for key in run_keys:  # how to run it, from the command line (the first five always, as before)
         given = any(k == key or k.startswith(key + ".") for k in explicit or ())
         value = _select(cfg, key, unset)
-        if value is not unset and (given or key in MANIFEST_RUN_KEYS[:5]):
+        if value is not unset and (given or key in run_keys[:5]):
             node, _, leaf = key.rpartition(".")
             (resolved.setdefault(node, {}) if node else resolved)[leaf] = value
     resolved["expected_data_hash"] = manifest["data"]["hash"]

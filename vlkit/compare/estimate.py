@@ -111,12 +111,12 @@ def dry_run(comparison: Any, settings: Any) -> str:
     return flops_plan(comparison, settings, plan) if plan["method"] == "flops" else probe_plan(comparison, settings)
 
 
-def _slots(settings: Any) -> dict[str, int]:
-    """Units at once per executor."""
-    gpus = settings.gpus_per_unit
-    return {"local": max(1, (len(_gpus()) // gpus) if gpus else settings.workers),
-            "slurm": int(settings.slurm.get("array_parallelism") or 256),
-            "ray": int(settings.ray.get("max_concurrent") or settings.workers)}
+def executor_lines(settings: Any, wall_hours: Any) -> list[str]:
+    """Each registered executor's line (`vlkit.compare.executors.Executor.estimate_line`); ``wall_hours(n)``: the
+    plan's wall time with ``n`` units at once, as text."""
+    from vlkit.compare.executor_base import executors
+
+    return [cls.estimate_line(settings, wall_hours) for cls in executors().values()]
 
 
 def flops_plan(comparison: Any, settings: Any, plan_cfg: dict[str, Any]) -> str:
@@ -125,7 +125,9 @@ def flops_plan(comparison: Any, settings: Any, plan_cfg: dict[str, Any]) -> str:
     from vlkit.compare.plan import make_plan
     from vlkit.compare.report import figure, markdown_table
 
-    nodes = int(settings.slurm.get("nodes") or 1)
+    from vlkit.compare.executor_base import unit_nodes
+
+    nodes = unit_nodes(comparison.compare)
     plan = make_plan(comparison, plan_cfg, settings.gpus_per_unit, settings.threads, nodes)
     units = [row.unit for row in plan.units]
     rows, depends, durations = [], {}, {}
@@ -151,9 +153,7 @@ def flops_plan(comparison: Any, settings: Any, plan_cfg: dict[str, Any]) -> str:
            f"Total: {figure(plan.flops / 1e15)} PFLOP = {figure(plan.hours)} {kind}-hours"
            + (f" (units of {settings.threads} thread(s))." if device.name == "cpu" else ".")]
     order = [r.key for r in plan.units]
-    for name, n in _slots(settings).items():
-        out.append(f"- executor {name}: {n} unit(s) at once -> about "
-                   f"{figure(simulate(durations, depends, order, n) / 3600)} h wall")
+    out += executor_lines(settings, lambda n: figure(simulate(durations, depends, order, n) / 3600))
     return "\n".join(out)
 
 
@@ -162,13 +162,14 @@ def probe_plan(comparison: Any, settings: Any) -> str:
     time per executor."""
     import torch
 
+    from vlkit.compare.executor_base import unit_nodes
     from vlkit.compare.report import markdown_table
     from vlkit.runtime import GEMM_PROBE, gemm_gflops
 
     units = comparison.all_units()
     threads = torch.get_num_threads()
     gpus = settings.gpus_per_unit
-    slurm_nodes = int(settings.slurm.get("nodes") or 1)
+    nodes = unit_nodes(comparison.compare)
     device = f"{gpus} GPU(s)" if gpus else f"{settings.threads} CPU thread(s)"
     settings_probe = comparison.compare.get("probe") or {}
     probe_steps, probe_batch = int(settings_probe.get("steps") or PROBE_STEPS), settings_probe.get("batch_size")
@@ -184,9 +185,8 @@ def probe_plan(comparison: Any, settings: Any) -> str:
         durations[key] = steps * measured[probe_kind(comparison, unit)]
         lines.append([key, depends[key] or "–", str(steps), device, f"{durations[key] / 60:.1f}"])
     total = sum(durations.values())
-    unit_devices = max(1, gpus) * slurm_nodes if gpus else 1
+    unit_devices = max(1, gpus) * nodes if gpus else 1
     order = [comparison.key(u) for u in units]
-    slots = _slots(settings)
     hours = total * unit_devices / 3600
     what = "GPU-hours" if gpus and torch.cuda.is_available() else "CPU-thread-hours" if settings.threads == 1 \
         and not gpus else "device-hours (timed on this CPU, not on the GPUs the units ask for)"
@@ -201,8 +201,7 @@ def probe_plan(comparison: Any, settings: Any) -> str:
            "a comparison records it after each unit, and its times scale about inversely with it.",
            f"Estimated cost: {total / 3600:.2f} h of unit time = {hours:.2f} {what} "
            f"({unit_devices} device(s) per unit; training steps only, evaluations not included)."]
-    for name, n in slots.items():
-        out.append(f"- executor {name}: {n} unit(s) at once -> about {simulate(durations, depends, order, n) / 3600:.2f} h wall")
+    out += executor_lines(settings, lambda n: f"{simulate(durations, depends, order, n) / 3600:.2f}")
     return "\n".join(out)
 
 
@@ -212,12 +211,6 @@ def _batches(pretrain: int | None, finetune: int | None) -> str:
         return f" at batch {pretrain}, scaled linearly to each unit's batch" if pretrain else ""
     return (f", pre-trainings at {f'batch {pretrain}' if pretrain else 'their own batch'} and fine-tunings at "
             f"batch {finetune}, scaled linearly to each unit's batch")
-
-
-def _gpus() -> list[str]:
-    from vlkit.compare.executors import visible_gpus
-
-    return visible_gpus()
 
 
 def _device_name() -> str:

@@ -1,5 +1,7 @@
-"""Where the units of a comparison run: ``compare.executor=local | slurm | ray`` (`vlkit.registry.EXECUTORS`,
-a registry a plugin joins with `vlkit.registry.register_executor`).
+"""Where the units of a comparison run: ``compare.executor=local | slurm | ray`` or a plugin's (`vlkit.EXECUTORS`, a
+registry a plugin joins with `vlkit.register_executor`): a subclass of `vlkit.compare.executor_base.Executor`, its
+contract as code, that declares its own ``compare.<name>`` block, dry-run line and resume-safe keys (the settings, the
+dry run and the resume check derive theirs from the registry).
 
 An executor starts a unit (`submit`) and reports the units that ended (`wait`) as outcomes: ``finished``,
 ``failed`` (the unit raised: deterministic, never retried) or ``died`` (its process or node was lost: an
@@ -21,23 +23,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vlkit.extras import require
+from vlkit.compare.executor_base import Executor, blocks
 from vlkit.registry import register_executor
-
-# An executor class is ``cls(plan_path, settings)`` (`ExecutorSettings`) with ``slots`` (units at once),
-# ``submit(key)``, ``wait(timeout) -> [(key, outcome)]`` and ``close()`` (stop what still runs); an optional
-# ``check(settings)`` refuses settings it cannot run with before the comparison writes anything (`check_executor`).
-
 
 def check_executor(executor_cls: Any, settings: "ExecutorSettings") -> None:
     """The executor's own checks (its extra importable, its settings known), before any file is written."""
-    check = getattr(executor_cls, "check", None)
-    if check is not None:
-        check(settings)
+    executor_cls.check(settings)
 
 
 class ExecutorSettings:
-    """What every executor is told: workers and threads per unit, the GPUs a unit takes, the comparison's
-    ``compare.slurm`` / ``compare.ray`` blocks."""
+    """What every executor is told: workers and threads per unit, the GPUs a unit takes, and each executor's
+    ``compare.<name>`` block (`block`)."""
 
     def __init__(self, cfg: dict[str, Any]):
         from vlkit.compare.config import unit_threads
@@ -46,8 +42,11 @@ class ExecutorSettings:
         self.workers = int(cfg.get("workers") or min(2, os.cpu_count() or 1))
         self.threads = unit_threads(cfg)
         self.gpus_per_unit = int(compare.get("gpus_per_unit") or 0)
-        self.slurm = dict(compare.get("slurm") or {})
-        self.ray = dict(compare.get("ray") or {})
+        self.blocks = blocks(compare)
+
+    def block(self, name: str) -> dict[str, Any]:
+        """Executor ``name``'s ``compare.<name>`` block, defaults filled in."""
+        return self.blocks[name]
 
 
 def drive(units: list[str], depends: dict[str, str | None], executor: Any, retries: int,
@@ -123,11 +122,11 @@ def _pool_worker(connection: Any, plan_path: str, env: dict[str, str], launch: l
             outcome = run_job(plan_path, key)
         else:  # a unit on several GPUs: one process per GPU through Accelerate
             code = subprocess.call([*launch, plan_path, key], env=os.environ.copy())
-            outcome = _outcome_on_disk(plan_path, key, f"accelerate launch exited with {code}")
+            outcome = outcome_on_disk(plan_path, key, f"accelerate launch exited with {code}")
         connection.send(outcome)
 
 
-def _outcome_on_disk(plan_path: str, key: str, otherwise: str) -> dict[str, Any]:
+def outcome_on_disk(plan_path: str, key: str, otherwise: str) -> dict[str, Any]:
     """The outcome a unit recorded in its folder (a unit whose state stayed ``running`` died)."""
     from vlkit.compare.units import UnitFolder
 
@@ -154,22 +153,28 @@ def visible_gpus() -> list[str]:
 
 
 @register_executor("local")
-class LocalExecutor:
+class LocalExecutor(Executor):
     """Long-lived worker processes on this machine, each with its own devices: with K visible GPUs and
     ``gpus_per_unit=g``, K // g units at once, each on its own ``CUDA_VISIBLE_DEVICES`` (g > 1: an Accelerate
     launch over them); without GPUs, ``workers`` processes of ``threads`` torch threads. A worker that dies
     takes only its unit with it (outcome ``died``) and is replaced."""
 
-    @staticmethod
-    def check(settings: ExecutorSettings) -> None:
+    @classmethod
+    def check(cls, settings: ExecutorSettings) -> None:
         g = settings.gpus_per_unit
         if g > 0 and len(visible_gpus()) < g:
             raise ValueError(f"compare.gpus_per_unit={g}, but this machine shows {len(visible_gpus())} GPU(s)")
 
+    @classmethod
+    def planned_slots(cls, settings: ExecutorSettings) -> int:
+        g = settings.gpus_per_unit
+        return max(1, (len(visible_gpus()) // g) if g else settings.workers)
+
     def __init__(self, plan_path: Path, settings: ExecutorSettings):
         import multiprocessing
 
-        self.plan_path, self.context = str(plan_path), multiprocessing.get_context("spawn")
+        super().__init__(plan_path, settings)
+        self.context = multiprocessing.get_context("spawn")
         g = settings.gpus_per_unit
         self.check(settings)
         if g > 0:
@@ -268,43 +273,58 @@ SLURM_KEYS = {  # compare.slurm.<key> -> submitit parameter
 def slurm_parameters(settings: ExecutorSettings) -> dict[str, Any]:
     """submitit's parameters of one unit's job from ``compare.slurm.*``: one task per GPU on every node
     (one task when the unit takes no GPU), the rest as given; unknown keys are refused."""
-    given = {k: v for k, v in settings.slurm.items() if v is not None and k not in ("cluster", "folder", "extra")}
-    unknown = sorted(set(given) - set(SLURM_KEYS))
-    if unknown:
-        raise KeyError(f"compare.slurm: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(SLURM_KEYS))}, "
-                       "cluster, folder, extra")
+    block = settings.block("slurm")
+    given = {k: v for k, v in block.items() if v is not None and k in SLURM_KEYS}
     params = {SLURM_KEYS[k]: v for k, v in given.items()}
     gpus = int(given.get("gpus_per_node", settings.gpus_per_unit) or 0)
     params["gpus_per_node"] = gpus
     params["tasks_per_node"] = max(1, gpus)
     params.setdefault("cpus_per_task", settings.threads)
     params.setdefault("timeout_min", 60 * 24)
-    for key, value in (settings.slurm.get("extra") or {}).items():  # any other submitit parameter, by its own name
+    for key, value in (block.get("extra") or {}).items():  # any other submitit parameter, by its own name
         params[key] = value
     return params
 
 
 @register_executor("slurm")
-class SlurmExecutor:
+class SlurmExecutor(Executor):
     """One submitit job per unit (``compare.slurm.*``); fine-tunings are submitted when their pre-training
     finished. ``compare.slurm.cluster=local`` runs the same jobs as local processes (submitit's local
     executor), ``debug`` in this process; unset: SLURM when ``sbatch`` is there."""
 
-    @staticmethod
-    def check(settings: ExecutorSettings) -> None:
+    config = {"cluster": None, "folder": None, **dict.fromkeys(SLURM_KEYS), "extra": {}}
+    notes = {
+        "cluster": "null: SLURM (sbatch); local: the same jobs as local processes; debug: in this process",
+        "folder": "submitit's logs (default: <output_dir>/slurm/%j)",
+        "nodes": "nodes per unit (a multi-node unit rendezvous through Accelerate inside the job)",
+        "gpus_per_node": "default: compare.gpus_per_unit (one task per GPU)", "cpus_per_task": "default: threads",
+        "timeout_min": "default: 1440; a job that reaches it is requeued and resumes from its checkpoint",
+        "array_parallelism": "jobs at once (default 256 on SLURM, workers with cluster=local)",
+        "extra": "any other submitit parameter by its own name (slurm_exclude, slurm_mail_user, ...)"}
+
+    @classmethod
+    def check(cls, settings: ExecutorSettings) -> None:
         require("submitit", "compare.executor=slurm")
         slurm_parameters(settings)
 
+    @classmethod
+    def planned_slots(cls, settings: ExecutorSettings) -> int:
+        return int(settings.block("slurm").get("array_parallelism") or 256)
+
+    @classmethod
+    def nodes(cls, block: dict[str, Any]) -> int:
+        return int(block.get("nodes") or 1)
+
     def __init__(self, plan_path: Path, settings: ExecutorSettings):
         submitit = require("submitit", "compare.executor=slurm")
-        self.plan_path = str(plan_path)
-        folder = settings.slurm.get("folder") or str(Path(plan_path).parent / "slurm" / "%j")
-        self.executor = submitit.AutoExecutor(folder=folder, cluster=settings.slurm.get("cluster"))
+        super().__init__(plan_path, settings)
+        folder = self.options.get("folder") or str(Path(plan_path).parent / "slurm" / "%j")
+        self.executor = submitit.AutoExecutor(folder=folder, cluster=self.options.get("cluster"))
         params = slurm_parameters(settings)
         if self.executor.cluster != "slurm":  # the local and debug executors take the generic parameters only
             params = {k: v for k, v in params.items() if not k.startswith("slurm_")}
         self.executor.update_parameters(name="vlkit-compare", **params)
-        self.slots = int(settings.slurm.get("array_parallelism") or (settings.workers if self.executor.cluster != "slurm"
+        self.slots = int(self.options.get("array_parallelism") or (settings.workers if self.executor.cluster != "slurm"
                                                                       else 256))
         self.jobs: dict[Any, str] = {}
 
@@ -328,7 +348,7 @@ class SlurmExecutor:
             except UncompletedJobError as err:  # killed, timed out without requeue, node lost
                 out.append((key, {"unit": key, "state": "died", "error": f"job {job.job_id}: {_first_line(err)}"}))
             except Exception as err:  # noqa: BLE001 - the job's own code raised outside the unit
-                out.append((key, _outcome_on_disk(self.plan_path, key, f"job {job.job_id}: {_first_line(err)}")
+                out.append((key, outcome_on_disk(self.plan_path, key, f"job {job.job_id}: {_first_line(err)}")
                             | {"state": "failed"}))
         return out
 
@@ -338,27 +358,36 @@ class SlurmExecutor:
 
 
 @register_executor("ray")
-class RayExecutor:
+class RayExecutor(Executor):
     """Units as Ray tasks (``num_gpus`` = ``compare.gpus_per_unit``, ``num_cpus`` = ``compare.ray.num_cpus``
     or ``threads``) on the cluster at ``compare.ray.address``, or a local one when unset; at most
     ``compare.ray.max_concurrent`` (default: ``workers``) at once. The output folder must be on storage
     every node sees."""
 
-    @staticmethod
-    def check(settings: ExecutorSettings) -> None:
+    config = {"address": None, "num_cpus": None, "max_concurrent": None}
+    notes = {"address": "an existing cluster (auto, ray://host:10001, host:6379); null: a local one",
+             "num_cpus": "per unit (default: threads)", "max_concurrent": "units at once (default: workers)"}
+
+    @classmethod
+    def check(cls, settings: ExecutorSettings) -> None:
         require("ray", "compare.executor=ray")
+
+    @classmethod
+    def planned_slots(cls, settings: ExecutorSettings) -> int:
+        return int(settings.block("ray").get("max_concurrent") or settings.workers)
 
     def __init__(self, plan_path: Path, settings: ExecutorSettings):
         ray = require("ray", "compare.executor=ray")
-        self.ray, self.plan_path = ray, str(plan_path)
-        address = settings.ray.get("address")
+        super().__init__(plan_path, settings)
+        self.ray = ray
+        address = self.options.get("address")
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
                      **({} if address else {"num_cpus": settings.workers * settings.threads}))
         self.driver = None if address else os.getpid()  # a local cluster's units end with this process
-        self.remote = ray.remote(num_cpus=float(settings.ray.get("num_cpus") or settings.threads),
+        self.remote = ray.remote(num_cpus=float(self.options.get("num_cpus") or settings.threads),
                                  num_gpus=settings.gpus_per_unit, max_retries=0)(_ray_unit)
-        self.slots = int(settings.ray.get("max_concurrent") or settings.workers)
+        self.slots = int(self.options.get("max_concurrent") or settings.workers)
         self.refs: dict[Any, str] = {}
 
     def submit(self, key: str) -> None:

@@ -184,6 +184,7 @@ def seed_costs(comparison: Any, made: Plan | None = None) -> dict[str, Any]:
     over its seeds of its units' hours; with the device and MFU they assume. ``made``: a plan of the comparison
     already made, used when it is on that device."""
     from vlkit.compare.config import unit_threads
+    from vlkit.compare.executor_base import unit_nodes
 
     compare = comparison.compare
     gpus = int(compare.get("gpus_per_unit") or 0)
@@ -191,7 +192,7 @@ def seed_costs(comparison: Any, made: Plan | None = None) -> dict[str, Any]:
     wanted = settings["device"] or ("cpu" if not gpus else None)
     plan = made if made is not None and wanted == made.device.name else \
         make_plan(comparison, settings, gpus, unit_threads(comparison.cfg),
-                  int((compare.get("slurm") or {}).get("nodes") or 1))
+                  unit_nodes(compare))
     hours: dict[str, dict[int, float]] = {}
     for row in plan.units:
         per_seed = hours.setdefault(comparison.specs[row.unit.run].name, {})
