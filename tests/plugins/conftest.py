@@ -14,12 +14,13 @@ HERE = Path(__file__).resolve().parent
 
 def _forget(family: str | None, module: str, executor: str | None) -> None:
     registry.EXECUTORS._entries.pop(executor, None)
-    for table in (registry.MODELS, registry.CONVERTERS):
-        table._entries.pop(family, None)
-    registry.CONVERTERS._signatures.pop(family, None)
-    for key in [k for k in registry.HEADS._entries if k[1] == family]:
-        registry.HEADS._entries.pop(key)
-        registry.HEADS._defaults.pop(key, None)
+    if family is not None:  # (a family of None would name the generic heads)
+        for table in (registry.MODELS, registry.CONVERTERS):
+            table._entries.pop(family, None)
+        registry.CONVERTERS._signatures.pop(family, None)
+        for key in [k for k in registry.HEADS._entries if k[1] == family]:
+            registry.HEADS._entries.pop(key)
+            registry.HEADS._defaults.pop(key, None)
     sys.modules.pop(module, None)
 
 
