@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from vlkit.io import atomic_write_text
+
 
 def _extract(folder: Path, out: Path, threads: int) -> float:
     """Seconds of one ``vlkit extract-features`` of ``folder`` at ``threads``."""
@@ -64,7 +66,7 @@ def main() -> None:
     for t, row in rows.items():
         print(f"  threads={t}: {row['images_per_s']:.1f} images/s")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
+    atomic_write_text(args.out, json.dumps(results, indent=1))
     print(f"written to {args.out}")
 
 
