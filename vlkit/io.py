@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, Iterator, Sequence
 
+from vlkit.runtime import pid_alive
+
 # (module, name) pairs a pickle may reference: numpy array reconstruction and builtin containers.
 _SAFE_GLOBALS = {
     ("numpy.core.multiarray", "_reconstruct"),
@@ -152,16 +154,6 @@ def temp_sibling(path: str | os.PathLike, directory: bool = False) -> Path:
     return Path(tmp)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_orphans(path: str | os.PathLike) -> list[Path]:
     """Delete the temporary siblings of ``path`` (files or folders of `temp_sibling`) that a process of
     this host left when it was killed; those of live processes and of other hosts stay. Returns them."""
@@ -174,7 +166,7 @@ def remove_orphans(path: str | os.PathLike) -> list[Path]:
         if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
             continue
         pid = int(parts[1])
-        if pid == os.getpid() or _alive(pid):
+        if pid == os.getpid() or pid_alive(pid):
             continue
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import threading
 import time
@@ -122,6 +123,52 @@ def process_started(pid: int | None = None) -> float:
         raise ProcessLookupError(f"no process {pid}") from None
 
 
+def pid_alive(pid: Any) -> bool:
+    """Whether a process ``pid`` exists on this host (one of another user counts); a pid that is no number does
+    not."""
+    try:
+        os.kill(int(pid), 0)
+    except (TypeError, ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+_WATCHED: dict[int, int | None] = {}  # pid given to exit_with -> its pidfd (None where pidfd_open is missing)
+
+
+def exit_with(pid: int) -> None:
+    """End this process as soon as process ``pid`` of this host exits: a SIGKILLed `vlkit compare` leaves no
+    worker behind (its units would otherwise run on beside the session that resumes it). On Linux a pidfd wakes
+    the watcher the moment ``pid`` exits; elsewhere it looks every half second."""
+    if pid in _WATCHED:
+        return
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os._exit(1)
+    except (AttributeError, OSError):
+        fd = None
+    _WATCHED[pid] = fd
+
+    def watch() -> None:
+        if fd is not None:
+            select.select([fd], [], [])
+        while fd is None and pid_alive(pid):
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="vlkit-parent-watch").start()
+
+
+def watched_exited() -> bool:
+    """Whether a process given to `exit_with` has exited, though its watcher may not have ended this one yet: a
+    worker asks before it records a unit as finished, so a unit never finishes after its session was killed."""
+    return any(not pid_alive(pid) if fd is None else bool(select.select([fd], [], [], 0)[0])
+               for pid, fd in _WATCHED.items())
+
+
 def set_threads(threads: int | None, preset: str | None = None) -> int:
     """A command's ``threads=``: the given count, else 1 for ``tiny`` presets (a tiny model's ops are too small
     to share: two threads on a busy 2-core machine ran 10x slower than one) and torch's default otherwise."""
@@ -194,4 +241,5 @@ def shutdown(barrier: bool = True) -> None:
         dist.destroy_process_group()
 
 
-__all__ = ["SIGNALS", "Interrupted", "interrupt_on_signals", "stop_processes", "set_threads", "shutdown"]
+__all__ = ["SIGNALS", "Interrupted", "exit_with", "interrupt_on_signals", "pid_alive", "stop_processes", "set_threads",
+           "shutdown", "watched_exited"]

@@ -16,10 +16,11 @@ import pytest
 from vlkit.compare.account import SESSIONS_DIR
 
 # one family's 5 units (a pre-training, its 2 fine-tunings, 2 scratch ones), two at a time, each unit long enough
-# (checkpointed every 2 steps) for a kill to land inside one
+# (seconds; checkpointed every 2 steps) for a kill to land inside one
 ARGS = ["compare=smoke", "compare.seeds=[0]", "compare.tasks=[vqa,nlvr2]", "progress=false", "threads=1", "workers=2",
         "compare.runs=[{name: uniter, model: {name: uniter, preset: tiny}, objectives: uniter}]",
-        "compare.budget.pretrain_steps=12", "compare.checkpoint_every=2", "compare.heartbeat_s=0.25"]
+        "compare.budget.pretrain_steps=12", "compare.budget.finetune_steps={vqa: 80, nlvr2: 80}",
+        "compare.checkpoint_every=2", "compare.heartbeat_s=0.25"]
 EXECUTORS = {"local": [], "slurm": ["compare.executor=slurm", "compare.slurm.cluster=local",
                                     "compare.slurm.timeout_min=30"], "ray": ["compare.executor=ray"]}
 EXIT_ALLOWANCE_S = 8.0  # a session's record ends with its report; the interpreter's exit after it is not counted
@@ -35,9 +36,24 @@ def _states(out: Path) -> list[dict]:
     return states
 
 
+def _fresh_unit_running(out: Path, finished: int) -> bool:
+    """Whether ``finished`` units finished and a unit started after the last of them runs and has beaten since: a
+    kill now lands inside a unit with most of its work ahead (not one about to finish as the kill lands)."""
+    states = _states(out)
+    ended = [s["ended"] for s in states if s["state"] == "finished"]
+    if len(ended) < finished:
+        return False
+    for path in (out / "runs").glob("*/*/*/heartbeat"):
+        state = next((s for s in states if s["unit"] == "/".join(path.parent.parts[-3:])), None)
+        if state and state["state"] == "running" and state["started"] >= max(ended, default=0) and \
+                path.stat().st_mtime > state["started"] + 0.1:
+            return True
+    return False
+
+
 def _session(args: list[str], out: Path, kill_after: int | None, timeout: float = 900) -> float:
     """Run one session of the comparison; with ``kill_after``, SIGKILL its process group once that many units
-    finished and another one is running. Returns the session's span as seen from outside."""
+    finished and a unit started after them is running. Returns the session's span as seen from outside."""
     # Ray >= 2.60: a local ray.init() writes a token to ~/.ray and turns token auth on, `ray start` does when one
     # is there, and a driver given an address sends it only under RAY_AUTH_MODE=token: keep auth off, $HOME as is
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
@@ -49,10 +65,7 @@ def _session(args: list[str], out: Path, kill_after: int | None, timeout: float 
         assert process.returncode == 0, log
         return time.time() - start
     deadline = time.monotonic() + timeout
-    while True:
-        states = _states(out)
-        if sum(s["state"] == "finished" for s in states) >= kill_after and any(s["state"] == "running" for s in states):
-            break
+    while not _fresh_unit_running(out, kill_after):
         assert process.poll() is None, process.stdout.read()
         assert time.monotonic() < deadline, "the comparison did not get far enough"
         time.sleep(0.1)

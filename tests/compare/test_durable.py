@@ -61,13 +61,13 @@ def _kill_after(args: list[str], out: Path, units: int, timeout: float = 900) ->
 
 def _wait_for_workers_to_die(out: Path, timeout: float = 60) -> None:
     """No worker outlives its parent: the pids recorded by units still marked running go away."""
-    from vlkit.compare.units import _alive
+    from vlkit.runtime import pid_alive
 
     deadline = time.monotonic() + timeout
     while True:
         pids = [json.loads(p.read_text()).get("pid") for p in (out / "runs").glob("*/*/*/unit.json")
                 if json.loads(p.read_text()).get("state") == "running"]
-        if not any(_alive(pid) for pid in pids):
+        if not any(pid_alive(pid) for pid in pids):
             return
         assert time.monotonic() < deadline, f"worker processes {pids} outlived their parent"
         time.sleep(0.5)

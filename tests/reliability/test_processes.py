@@ -60,3 +60,41 @@ def test_fit_releases_the_prepared_model_so_the_process_group_can_end(tmp_path, 
     trainer.fit(trainer.loader(pairs, pairs.collator()))
     assert trainer._model is None and trainer.accelerator._models == [] and trainer.accelerator._optimizers == []
     assert trainer.evaluate() == {"one": 1.0}
+
+
+WATCHER = """
+import sys, time
+from vlkit.runtime import exit_with, watched_exited
+exit_with(int(sys.argv[1]))
+print(watched_exited(), flush=True)
+sys.stdin.readline()  # the parent's go: it has been killed
+print(watched_exited(), flush=True)  # printed only when the watcher had not yet ended this process
+time.sleep(60)
+"""
+
+
+def test_a_worker_ends_the_moment_its_session_does_and_knows_it_before_recording():
+    """`exit_with`: a worker whose session (here a `sleep`) is SIGKILLed exits at once, not a poll later; until it
+    does, `watched_exited` says the session is gone (a unit is then never recorded as finished)."""
+    import contextlib
+    import subprocess
+    import sys
+    import time
+
+    session = subprocess.Popen(["sleep", "120"])
+    worker = subprocess.Popen([sys.executable, "-c", WATCHER, str(session.pid)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout.readline().strip() == "False"
+        session.kill()
+        session.wait()
+        killed = time.monotonic()
+        with contextlib.suppress(BrokenPipeError):  # it may be gone already
+            worker.stdin.write("go\n")
+            worker.stdin.flush()
+        assert worker.wait(timeout=30) == 1
+        assert time.monotonic() - killed < 10
+        assert worker.stdout.read().strip() in ("", "True")  # never "False" after the kill
+    finally:
+        session.kill()
+        worker.kill()

@@ -93,10 +93,10 @@ class Session:
 def alive(host: str, pid: int, last_seen: float | None, heartbeat: float) -> bool:
     """Whether a session's or an attempt's process lives: on this host, its pid; elsewhere, a heartbeat under three
     beats (and half a minute) old."""
-    from vlkit.compare.units import _alive
+    from vlkit.runtime import pid_alive
 
     if host == socket.gethostname():
-        return _alive(pid)
+        return pid_alive(pid)
     return last_seen is not None and time.time() - last_seen < 3 * heartbeat + 30
 
 

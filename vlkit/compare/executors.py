@@ -25,6 +25,7 @@ from typing import Any, Callable
 from vlkit.extras import require
 from vlkit.compare.executor_base import Executor, blocks
 from vlkit.registry import register_executor
+from vlkit.runtime import exit_with
 
 def check_executor(executor_cls: Any, settings: "ExecutorSettings") -> None:
     """The executor's own checks (its extra importable, its settings known), before any file is written."""
@@ -84,26 +85,6 @@ def drive(units: list[str], depends: dict[str, str | None], executor: Any, retri
             outcomes[key] = outcome
             ended(key, outcome["state"], outcome.get("error") or "")
     return outcomes
-
-
-_WATCHED: set[int] = set()
-
-
-def exit_with(pid: int) -> None:
-    """End this process when process ``pid`` of this host is gone: a SIGKILLed `vlkit compare` leaves no worker
-    behind (its units would otherwise run on beside the session that resumes it)."""
-    from vlkit.compare.units import _alive
-
-    if pid in _WATCHED:
-        return
-    _WATCHED.add(pid)
-
-    def watch() -> None:
-        while _alive(pid):
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="vlkit-parent-watch").start()
 
 
 def _pool_worker(connection: Any, plan_path: str, env: dict[str, str], launch: list[str] | None) -> None:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vlkit.runtime import pid_alive
+
 UNIT_FILE = "unit.json"
 TRACEBACK_FILE = "traceback.txt"
 LOG_FILE = "unit.log"
@@ -205,19 +207,9 @@ def status(state: dict[str, Any] | None, unit_hash: str) -> str:
     if state.get("state") == "finished" and "result_digest" in state and \
             result_digest(state.get("result")) != state["result_digest"]:
         return "altered"
-    if state["state"] == "running" and state.get("host") == socket.gethostname() and not _alive(state.get("pid")):
+    if state["state"] == "running" and state.get("host") == socket.gethostname() and not pid_alive(state.get("pid")):
         return "died"
     return state["state"]
-
-
-def _alive(pid: Any) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (TypeError, ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def rerun_reason(state: dict[str, Any] | None, unit_hash: str, config: dict[str, Any]) -> str | None:

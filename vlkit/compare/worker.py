@@ -96,7 +96,7 @@ def run_job(plan_path: str | Path, key: str) -> dict[str, Any]:
     from vlkit.compare.account import heartbeat_s, latest_session
     from vlkit.compare.config import unit_threads
     from vlkit.compare.units import LOG_FILE, UnitFolder, config_hash
-    from vlkit.runtime import every
+    from vlkit.runtime import every, watched_exited
 
     comparison = comparison_of(plan_path)
     torch.set_num_threads(unit_threads(comparison.cfg))  # a spawned worker would otherwise take every core
@@ -121,6 +121,8 @@ def run_job(plan_path: str | Path, key: str) -> dict[str, Any]:
             return {"unit": key, "state": "failed", "error": f"{type(err).__name__}: {err}"}
     if main:
         result["machine"] = machine_speed()
+        if watched_exited():  # its session was killed meanwhile: the attempt died with it, the next session reruns it
+            os._exit(1)
         folder.finish(unit_hash, config, attempt, result)
     return {"unit": key, "state": "finished"}
 
