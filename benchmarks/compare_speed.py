@@ -42,11 +42,15 @@ comparison = Comparison(cfg, Path(tempfile.mkdtemp()), progress=False)
 names = [s.name for s in comparison.specs]
 index = names.index(sys.argv[1])
 comparison.environment(comparison.specs[index])  # features extracted (or found) before timing
+try:  # the work of a unit in its own class (issue 45 on); before it, Comparison.pretrain_unit
+    from vlkit.compare.unit_work import UnitWork
+    pretrain = UnitWork(comparison).pretrain
+except ImportError:
+    pretrain = comparison.pretrain_unit
 if hasattr(comparison, "all_units"):  # a unit object (issue 20 on); before it, (run index, seed)
-    stats = comparison.pretrain_unit(next(u for u in comparison.all_units() if u.is_pretrain and u.run == index
-                                          and u.seed == 0))["stats"]
+    stats = pretrain(next(u for u in comparison.all_units() if u.is_pretrain and u.run == index and u.seed == 0))["stats"]
 else:
-    stats = comparison.pretrain_unit(index, 0)["stats"]
+    stats = pretrain(index, 0)["stats"]
 print("RESULT " + json.dumps({"samples_per_s": stats["train_samples_per_s"], "wall_s": stats["pretrain_wall_s"],
                              "steps": cfg["compare"]["budget"]["pretrain_steps"],
                              "batch": cfg["compare"]["trainer"]["common"]["batch_size"]}))

@@ -31,7 +31,7 @@ def unit_step_times(kind: str, cache: str) -> list[float]:
     import torch
 
     from vlkit.cli import compose
-    from vlkit.compare import Comparison, resolve_config
+    from vlkit.compare import Comparison, UnitWork, resolve_config
     from vlkit.compare.estimate import probe_kind, probe_precision, step_times
     from vlkit.train import pipeline
 
@@ -40,7 +40,7 @@ def unit_step_times(kind: str, cache: str) -> list[float]:
     comparison = Comparison(cfg, Path(cache) / "out", progress=False)
     unit = next(u for u in comparison.all_units() if probe_kind(comparison, u) == kind)
     model = pipeline.build_run_model(comparison.environment(comparison.specs[unit.run]))
-    return step_times(comparison, unit, model, comparison.unit_steps(unit), precision=probe_precision())
+    return step_times(UnitWork(comparison), unit, model, comparison.unit_steps(unit), precision=probe_precision())
 
 
 def main() -> None:

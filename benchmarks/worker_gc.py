@@ -35,7 +35,7 @@ def child(task: str, units: int, freeze: bool, cache_dir: str | None) -> dict:
 
     torch.set_num_threads(1)
     from vlkit.cli import compose
-    from vlkit.compare import Comparison, resolve_config
+    from vlkit.compare import Comparison, UnitWork, resolve_config
     from vlkit.compare.units import Unit
     from vlkit.compare.worker import freeze_held_objects
 
@@ -48,15 +48,15 @@ def child(task: str, units: int, freeze: bool, cache_dir: str | None) -> dict:
             spent[0] += time.perf_counter() - started[0]
 
     overrides = ["progress=false", *([f"cache_dir={cache_dir}"] if cache_dir else [])]
-    comparison = Comparison(resolve_config(compose("compare", overrides)), Path(tempfile.mkdtemp()), progress=False)
-    comparison.run_unit(Unit(0, 0, "scratch", task))  # warm-up: the task's data, built once per process
+    work = UnitWork(Comparison(resolve_config(compose("compare", overrides)), Path(tempfile.mkdtemp()), progress=False))
+    work.run(Unit(0, 0, "scratch", task))  # warm-up: the task's data, built once per process
     gc.callbacks.append(timer)
     rows = []
     for seed in range(1, units + 1):
         spent[0], start = 0.0, time.perf_counter()
         if freeze:
             freeze_held_objects()
-        comparison.run_unit(Unit(0, seed, "scratch", task))
+        work.run(Unit(0, seed, "scratch", task))
         rows.append({"wall_s": time.perf_counter() - start, "gc_s": spent[0]})
     return {"freeze": freeze, "units": rows, "tracked_objects": len(gc.get_objects())}
 

@@ -39,8 +39,8 @@ CONF_DIR = config_dir()
 
 # command -> (module:function, one-line help)
 COMMANDS = {
-    "compare": ("vlkit.compare:main", "head-to-head comparison of families on identical data (the main job)"),
-    "compare-report": ("vlkit.compare:report_main", "rebuild a comparison's report from its folder (also while it runs)"),
+    "compare": ("vlkit.compare.command:main", "head-to-head comparison of families on identical data (the main job)"),
+    "compare-report": ("vlkit.compare.command:report_main", "rebuild a comparison's report from its folder (also while it runs)"),
     "pretrain": ("vlkit.train.commands:pretrain", "pre-train a model with an objective mix"),
     "finetune": ("vlkit.train.commands:finetune", "fine-tune a model on a downstream task"),
     "evaluate": ("vlkit.train.commands:evaluate", "evaluate a checkpoint on a downstream task"),

@@ -368,7 +368,7 @@ def compare(runs: Sequence[Any] | None = None, data: Any = None, *, preset: str 
     family's own mix, or a run dict of the comparison format: ``{name, model, objectives, ...}``), on ``data``
     (a data set name or config; default the preset's). ``tasks``, ``seeds``, ``budget``, ``trainer`` and any
     other ``compare.<key>`` (``settings``: ``title=``, ``baseline=`` ...) as in the comparison YAML."""
-    from vlkit.compare import main
+    from vlkit.compare.command import main
 
     config = _Config(overrides)
     config.groups.append(f"compare={os.fspath(preset)}")

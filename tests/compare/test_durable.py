@@ -158,16 +158,16 @@ def test_a_failing_unit_leaves_the_others_finished_and_its_retry_runs_it_alone(s
 
 
 def test_resume_refuses_a_changed_configuration_naming_the_keys(tmp_path):
-    from vlkit.compare import _plan
+    from vlkit.compare.command import write_plan
 
     cfg = {"compare": {"seeds": [0], "trainer": {"common": {"lr": 1e-3}}, "retries": 0}, "data": {"name": "shapes"}}
-    _plan(cfg, tmp_path, ["compare=smoke"], resume=False)
+    write_plan(cfg, tmp_path, ["compare=smoke"], resume=False)
     with pytest.raises(FileExistsError, match="resume=true"):
-        _plan(cfg, tmp_path, [], resume=False)
-    _plan({**cfg, "compare": {**cfg["compare"], "retries": 3}, "workers": 4}, tmp_path, [], resume=True)  # safe
+        write_plan(cfg, tmp_path, [], resume=False)
+    write_plan({**cfg, "compare": {**cfg["compare"], "retries": 3}, "workers": 4}, tmp_path, [], resume=True)  # safe
     changed = {**cfg, "compare": {**cfg["compare"], "seeds": [0, 1], "trainer": {"common": {"lr": 2e-3}}}}
     with pytest.raises(ValueError, match=r"compare.seeds: \[0\] -> \[0, 1\]; compare.trainer.common.lr: 0.001 -> 0.002"):
-        _plan(changed, tmp_path, [], resume=True)
+        write_plan(changed, tmp_path, [], resume=True)
 
 
 def test_seeds_must_be_a_non_empty_list_without_repeats():
@@ -180,7 +180,7 @@ def test_a_unit_killed_mid_way_resumes_from_its_checkpoint(tmp_path, monkeypatch
     """A unit that dies after its step-2 checkpoint resumes there: the same result as a run straight
     through, every id seen since step 0, and the log says where it resumed."""
     from vlkit.cli import compose
-    from vlkit.compare import _plan
+    from vlkit.compare.command import write_plan
     from vlkit.compare.config import resolve_config
     from vlkit.compare.units import UnitFolder
     from vlkit.compare.worker import run_job
@@ -190,7 +190,7 @@ def test_a_unit_killed_mid_way_resumes_from_its_checkpoint(tmp_path, monkeypatch
         cfg = resolve_config(compose("compare", ["compare=smoke", "compare.seeds=[0]", "compare.checkpoint_every=2",
                                                  f"cache_dir={cache}", "threads=1"]))
         cfg["compare"]["runs"] = cfg["compare"]["runs"][1:2]  # uniter
-        return _plan(cfg, tmp_path / name, [], resume=False)
+        return write_plan(cfg, tmp_path / name, [], resume=False)
 
     held = {"cached": [1, 2]}  # alive before the unit, as a worker's environments and task data are
     straight = run_job(plan("straight"), "uniter/seed0/pretrain")

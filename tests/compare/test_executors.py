@@ -221,7 +221,7 @@ def test_a_worker_reuses_its_recent_machine_speed_probe(monkeypatch):
 def test_drive_retries_a_died_unit_but_never_a_failed_one_and_skips_dependents():
     import threading
 
-    from vlkit.compare.executors import drive
+    from vlkit.compare.scheduler import drive
 
     script = {"a": ["died", "finished"], "b": ["failed"], "a1": ["finished"], "b1": ["finished"], "c": ["died", "died"],
               "r1": ["finished"]}

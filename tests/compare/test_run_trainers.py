@@ -4,7 +4,7 @@ import pytest
 
 from vlkit.cli import compose, main
 from vlkit.compare.config import resolve_config
-from vlkit.compare.scheduling import Comparison
+from vlkit.compare.comparison import Comparison
 from vlkit.compare.units import Unit
 
 RUNS = ("- {name: uniter, model: {name: uniter, preset: tiny}, objectives: uniter}\n"

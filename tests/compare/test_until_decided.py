@@ -5,9 +5,10 @@ import json
 
 import pytest
 
-import vlkit.compare as compare_module
+import vlkit.compare.records as records_module
 from vlkit.cli import compose, main
-from vlkit.compare import Comparison, next_look, replay_looks, resolve_config
+from vlkit.compare import Comparison, look_sizes_of, next_look, replay_looks, resolve_config
+from vlkit.compare.command import write_plan
 
 RUNS = ("[{name: a, model: {name: meter, preset: tiny}, objectives: meter}, "
         "{name: b, model: {name: meter, preset: tiny}, objectives: meter, baseline: false}, "
@@ -40,7 +41,7 @@ def test_seeds_are_added_only_to_the_runs_of_undecided_claims(monkeypatch):
         return [r for r in fake_records({**decided, **noise}) if r["seed"] < len(c.seeds_of(
             [s.name for s in c.specs].index(r["run"])))]
 
-    monkeypatch.setattr(compare_module, "finished_records", finished)
+    monkeypatch.setattr(records_module, "finished_records", finished)
     assert next_look(comp)
     assert [len(comp.seeds_of(i)) for i in range(4)] == [3, 3, 4, 4]
     assert comp.all_seeds() == [0, 1, 2, 3]
@@ -58,7 +59,7 @@ def test_seeds_are_added_only_to_the_runs_of_undecided_claims(monkeypatch):
 
 def test_a_look_waits_for_every_result_of_the_current_one(monkeypatch):
     comp = comparison()
-    monkeypatch.setattr(compare_module, "finished_records",
+    monkeypatch.setattr(records_module, "finished_records",
                         lambda c: fake_records({"a": [0.9, 0.9], "b": [0.1, 0.2], "c": [0.5] * 3, "d": [0.4] * 3}))
     assert not next_look(comp) and comp.run_seeds == {}
 
@@ -69,7 +70,7 @@ def test_until_keys_are_checked_before_any_work(tmp_path):
                            (["compare.round_seeds=0"], "compare.round_seeds=0"),
                            (["compare.max_seeds=null"], "compare.max_seeds=None")):
         with pytest.raises(ValueError, match=message):
-            compare_module.look_sizes_of(comparison(extra).compare)
+            look_sizes_of(comparison(extra).compare)
     with pytest.raises(ValueError, match="compare.until='forever'"):
         main(["compare", *SETTINGS, "compare.until=forever", f"output_dir={tmp_path / 'out'}"])
     assert not (tmp_path / "out").exists()
@@ -106,11 +107,11 @@ def test_a_resume_that_changes_a_safe_key_records_it_in_the_plan(tmp_path):
     """A finished fixed comparison goes on until decided: the resume-safe keys it changes (and the command) are
     written to plan.json, which its workers and later reports read; any other change is still refused."""
     fixed = resolve_config(compose("compare", SETTINGS[:4]))
-    compare_module._plan(fixed, tmp_path, ["compare=smoke"], resume=False)
+    write_plan(fixed, tmp_path, ["compare=smoke"], resume=False)
     decided = resolve_config(compose("compare", SETTINGS))
-    compare_module._plan(decided, tmp_path, ["compare.until=decided"], resume=True)
+    write_plan(decided, tmp_path, ["compare.until=decided"], resume=True)
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["config"]["compare"]["until"] == "decided" and plan["argv"] == ["compare.until=decided"]
     changed = resolve_config(compose("compare", [*SETTINGS, "compare.budget.pretrain_steps=5"]))
     with pytest.raises(ValueError, match="compare.budget.pretrain_steps"):
-        compare_module._plan(changed, tmp_path, [], resume=True)
+        write_plan(changed, tmp_path, [], resume=True)

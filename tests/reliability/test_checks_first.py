@@ -70,12 +70,12 @@ def test_an_unknown_slurm_key_is_refused_before_plan_json_or_slurm(tmp_path, vlk
 def _planned(tmp_path):
     """A comparison folder as `vlkit compare` plans it (smoke, one seed), without running it."""
     from vlkit.cli import compose
-    from vlkit.compare import _plan
+    from vlkit.compare.command import write_plan
     from vlkit.compare.config import resolve_config
 
     out = tmp_path / "out"
     cfg = resolve_config(compose("compare", ["compare=smoke", "compare.seeds=[0]", *FAST]))
-    _plan(cfg, out, ["compare=smoke", "compare.seeds=[0]", *FAST], resume=False)
+    write_plan(cfg, out, ["compare=smoke", "compare.seeds=[0]", *FAST], resume=False)
     return out
 
 

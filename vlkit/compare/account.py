@@ -84,7 +84,7 @@ class Session:
 
     def end(self, how: str) -> None:
         """Close the record: ``how`` it ended (finished, units that did not finish, stopped by a signal, an error).
-        A session ends when its report takes the account (`vlkit.compare.report_from_folder`): the plots and files
+        A session ends when its report takes the account (`vlkit.compare.command.report_from_folder`): the plots and files
         written after it, and the interpreter's exit, are not counted."""
         self.record.update(last_seen=time.time(), ended=time.time(), end=how)
         self.write()

@@ -28,9 +28,10 @@ def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = No
     import gc
     import json
 
+    from vlkit.compare.unit_work import UnitWork
     from vlkit.train import pipeline
 
-    precision = probe_precision()
+    precision, work = probe_precision(), UnitWork(comparison)
 
     kinds: dict[str, Any] = {}  # a fine-tuning costs the same from either variant: probed once
     for unit in comparison.all_units():
@@ -38,7 +39,7 @@ def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = No
     for unit in kinds.values():  # every task's data first: a bad task file fails before a probe trains
         if not unit.is_pretrain:
             spec = comparison.specs[unit.run]
-            comparison.task_data(comparison.environment(spec), comparison.task_cfg(unit.task, spec))
+            work.task_data(comparison.environment(spec), comparison.task_cfg(unit.task, spec))
     by_model: dict[str, dict[str, Any]] = {}  # the kinds of each distinct model, in the order first seen
     for kind, unit in kinds.items():
         by_model.setdefault(json.dumps(comparison.specs[unit.run].model, sort_keys=True), {})[kind] = unit
@@ -49,18 +50,20 @@ def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = No
         model = pipeline.build_run_model(comparison.environment(comparison.specs[next(iter(group.values())).run]))
         for kind, unit in group.items():
             batch = batch_size if unit.is_pretrain else finetune_batch_size
-            times = step_times(comparison, unit, model, warmup_steps + steps, batch, precision)
+            times = step_times(work, unit, model, warmup_steps + steps, batch, precision)
             seconds[kind] = statistics.median(times[warmup_steps:])
     return seconds
 
 
-def step_times(comparison: Any, unit: Any, model: Any, steps: int, batch_size: int | None = None,
+def step_times(work: Any, unit: Any, model: Any, steps: int, batch_size: int | None = None,
                precision: dict[str, str] | None = None) -> list[float]:
-    """Wall seconds of each of ``steps`` training steps of ``unit``'s kind on ``model`` (the trainer's ``step_s``),
+    """Wall seconds of each of ``steps`` training steps of ``unit``'s kind on ``model`` (the trainer's ``step_s``;
+    ``work``: the comparison's `vlkit.compare.unit_work.UnitWork`, which holds its task data),
     at ``batch_size`` (None: the unit's own) scaled linearly to the unit's batch, in a temporary folder."""
     from vlkit.compare.config import objective_mix
     from vlkit.train import pipeline
 
+    comparison = work.comparison
     spec = comparison.specs[unit.run]
     env = comparison.environment(spec)
     own = comparison.unit_trainer(unit, steps)
@@ -72,7 +75,7 @@ def step_times(comparison: Any, unit: Any, model: Any, steps: int, batch_size: i
         else:
             task_cfg = comparison.task_cfg(unit.task, spec)
             result = pipeline.finetune_task(env, model, task_cfg, trainer, Path(tmp), unit.seed, (),
-                                            data=comparison.task_data(env, task_cfg))[2]
+                                            data=work.task_data(env, task_cfg))[2]
     return [scale * r["step_s"] for r in result.history]
 
 
@@ -93,7 +96,7 @@ def probe_kind(comparison: Any, unit: Any) -> str:
 
 def simulate(durations: dict[str, float], depends: dict[str, str | None], order: list[str], slots: int) -> float:
     """Wall seconds of running ``order`` on ``slots`` side by side, each unit as soon as a slot is free and
-    the unit it depends on has ended (the scheduler of `vlkit.compare.executors.drive`)."""
+    the unit it depends on has ended (the scheduler `vlkit.compare.scheduler.drive`)."""
     free = [0.0] * max(1, slots)
     end: dict[str, float] = {}
     for key in order:
@@ -112,7 +115,7 @@ def dry_run(comparison: Any, settings: Any) -> str:
 
 
 def executor_lines(settings: Any, wall_hours: Any) -> list[str]:
-    """Each registered executor's line (`vlkit.compare.executors.Executor.estimate_line`); ``wall_hours(n)``: the
+    """Each registered executor's line (`vlkit.compare.executor_base.Executor.estimate_line`); ``wall_hours(n)``: the
     plan's wall time with ``n`` units at once, as text."""
     from vlkit.compare.executor_base import executors
 

@@ -13,24 +13,17 @@ the dependents of a failed unit are skipped; everything else goes on.
 from __future__ import annotations
 
 import os
-import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from vlkit.extras import require
 from vlkit.compare.executor_base import Executor, blocks
 from vlkit.registry import register_executor
 from vlkit.runtime import exit_with
-
-def check_executor(executor_cls: Any, settings: "ExecutorSettings") -> None:
-    """The executor's own checks (its extra importable, its settings known), before any file is written."""
-    executor_cls.check(settings)
-
 
 class ExecutorSettings:
     """What every executor is told: workers and threads per unit, the GPUs a unit takes, and each executor's
@@ -48,43 +41,6 @@ class ExecutorSettings:
     def block(self, name: str) -> dict[str, Any]:
         """Executor ``name``'s ``compare.<name>`` block, defaults filled in."""
         return self.blocks[name]
-
-
-def drive(units: list[str], depends: dict[str, str | None], executor: Any, retries: int,
-          ended: Callable[[str, str, str], None], stop: threading.Event) -> dict[str, dict[str, Any]]:
-    """Run ``units`` (keys, in start order) on ``executor``; ``depends[key]`` is the unit it waits for.
-    Returns ``key -> outcome`` (``state``: finished, failed, died or skipped, ``error``), calling
-    ``ended(key, state, note)`` as each ends. ``stop`` set: nothing new starts and the call returns."""
-    outcomes: dict[str, dict[str, Any]] = {}
-    attempts: dict[str, int] = {}
-    scheduled = set(units)  # a unit depended on but not scheduled here has finished before
-    waiting = list(units)
-    running: set[str] = set()
-    while (waiting or running) and not stop.is_set():
-        for key in list(waiting):
-            parent = depends.get(key) if depends.get(key) in scheduled else None
-            if parent is not None and parent in outcomes and outcomes[parent]["state"] != "finished":
-                waiting.remove(key)
-                outcomes[key] = {"state": "skipped", "error": f"{parent} did not finish"}
-                ended(key, "skipped", outcomes[key]["error"])
-            elif len(running) < executor.slots and (parent is None or parent in outcomes):
-                waiting.remove(key)
-                running.add(key)
-                attempts[key] = attempts.get(key, 0) + 1
-                executor.submit(key)
-        if not running:
-            if waiting:
-                raise RuntimeError(f"compare: {waiting[0]} waits for {depends.get(waiting[0])}, which never runs")
-            continue
-        for key, outcome in executor.wait(timeout=1.0):
-            running.discard(key)
-            if outcome["state"] == "died" and attempts[key] <= retries:
-                ended(key, "retrying", f"{outcome.get('error')}; retry {attempts[key]} of {retries}")
-                waiting.insert(0, key)
-                continue
-            outcomes[key] = outcome
-            ended(key, outcome["state"], outcome.get("error") or "")
-    return outcomes
 
 
 def _pool_worker(connection: Any, plan_path: str, env: dict[str, str], launch: list[str] | None) -> None:
@@ -405,9 +361,3 @@ def _ray_unit(plan_path: str, key: str, driver: int | None) -> dict[str, Any]:
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
-
-
-def retry_command(argv: list[str], output_dir: Path) -> str:
-    """The one command that reruns what did not finish: the same overrides, the same folder, resume."""
-    kept = [a for a in argv if not a.startswith(("output_dir=", "resume="))]
-    return shlex.join(["vlkit", "compare", *kept, f"output_dir={output_dir}", "resume=true"])

@@ -239,7 +239,7 @@ def machine_note(machine: dict[str, Any] | None) -> str:
 
 
 def units_markdown(output_dir: Path, states: list, acct: dict[str, Any]) -> str:
-    """``units.md`` of the comparison in ``output_dir``: every unit (``states``: `vlkit.compare.unit_states`) with its
+    """``units.md`` of the comparison in ``output_dir``: every unit (``states``: `vlkit.compare.records.unit_states`) with its
     status, attempts, what it spent beside its plan (``acct``: `vlkit.compare.account.account`), its error or start."""
     counts: dict[str, int] = {}
     for _, st, _ in states:

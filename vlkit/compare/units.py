@@ -21,7 +21,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from vlkit.runtime import pid_alive
 
@@ -62,6 +62,15 @@ class Unit:
 
 def config_hash(config: Any) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def digest(items: Iterable[Any]) -> str:
+    """The sha256 of a sequence of JSON-able items, one line each (ids seen, a data set's keys)."""
+    h = hashlib.sha256()
+    for item in items:
+        h.update(json.dumps(item, sort_keys=True, default=str).encode())
+        h.update(b"\n")
+    return h.hexdigest()
 
 
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:

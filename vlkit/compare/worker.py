@@ -18,21 +18,23 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-_COMPARISONS: dict[str, Any] = {}  # plan path -> Comparison: environments and task data cached per process
+_WORK: dict[str, Any] = {}  # plan path -> UnitWork: environments and task data cached per process
 
 
-def comparison_of(plan_path: str | Path) -> Any:
-    from vlkit.compare.scheduling import Comparison
+def work_of(plan_path: str | Path) -> Any:
+    """The `vlkit.compare.unit_work.UnitWork` of the comparison planned in ``plan_path``, built once per process."""
+    from vlkit.compare.comparison import Comparison
+    from vlkit.compare.unit_work import UnitWork
     from vlkit.compare.units import PLAN_DAMAGED
     from vlkit.digests import remember
     from vlkit.io import read_json
 
     plan_path = str(Path(plan_path).resolve())
-    if plan_path not in _COMPARISONS:
+    if plan_path not in _WORK:
         plan = read_json(plan_path, PLAN_DAMAGED)
         remember(plan.get("digests"))  # the input files' digests the comparison computed: read once
-        _COMPARISONS[plan_path] = Comparison(plan["config"], Path(plan_path).parent, progress=False)
-    return _COMPARISONS[plan_path]
+        _WORK[plan_path] = UnitWork(Comparison(plan["config"], Path(plan_path).parent, progress=False))
+    return _WORK[plan_path]
 
 
 def _rank() -> int:
@@ -98,7 +100,8 @@ def run_job(plan_path: str | Path, key: str) -> dict[str, Any]:
     from vlkit.compare.units import LOG_FILE, UnitFolder, config_hash
     from vlkit.runtime import every, watched_exited
 
-    comparison = comparison_of(plan_path)
+    work = work_of(plan_path)
+    comparison = work.comparison
     torch.set_num_threads(unit_threads(comparison.cfg))  # a spawned worker would otherwise take every core
     freeze_held_objects()
     unit = comparison.unit_of(key)
@@ -112,7 +115,7 @@ def run_job(plan_path: str | Path, key: str) -> dict[str, Any]:
         print(f"--- {key}: attempt {attempt}, pid {os.getpid()}, {torch.get_num_threads()} torch thread(s)", file=log,
               flush=True)
         try:
-            result = comparison.run_unit(unit)
+            result = work.run(unit)
         except Exception as err:  # noqa: BLE001 - a failed unit is recorded, the comparison goes on
             trace = traceback.format_exc()
             print(trace, file=log, flush=True)

@@ -1,40 +1,24 @@
-"""Running a comparison: units of work (one pre-training, or one fine-tuning of one variant on one task),
-scheduled over worker processes, and the records they make."""
+"""A comparison as a plan of units: its runs, each run's seeds, and every unit of work (one pre-training, or one
+fine-tuning of one variant on one task) with its trainer, folder and identity (the hash of everything that decides
+its result). It checks a comparison before any work; the work itself is `vlkit.compare.unit_work`."""
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-import torch
-
-from vlkit.compare.config import RunSpec, mix_label, objective_mix, run_data, run_specs, task_cfg
-from vlkit.compare.evaluation import inference_latency, itm_accuracy, zero_shot_retrieval
+from vlkit.compare.config import RunSpec, objective_mix, run_data, run_specs, task_cfg
 from vlkit.compare.units import Unit, config_hash
-from vlkit.compare.statistics import HEADLINE, machine_summary
 from vlkit.train import pipeline
 
 
-def digest(items: Iterable[Any]) -> str:
-    h = hashlib.sha256()
-    for item in items:
-        h.update(json.dumps(item, sort_keys=True, default=str).encode())
-        h.update(b"\n")
-    return h.hexdigest()
-
-
-def _parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 class Comparison:
-    """The units of a resolved comparison config and the work of each, in ``output_dir``: every run is
-    pre-trained on the same examples in the same order with the same seeds and step budget, then
-    fine-tuned and evaluated on the same tasks, next to a no-pre-training baseline of the same model.
-    Every unit seeds itself and a fine-tuning starts from the pre-training saved on disk, so results do
-    not depend on where or in which order units run (`vlkit.compare.executors`)."""
+    """The units of a resolved comparison config, in ``output_dir``: every run is pre-trained on the same examples
+    in the same order with the same seeds and step budget, then fine-tuned and evaluated on the same tasks, next to
+    a no-pre-training baseline of the same model. Every unit seeds itself and a fine-tuning starts from the
+    pre-training saved on disk, so results do not depend on where or in which order units run
+    (`vlkit.compare.scheduler`). Each run's data (`environment`) is prepared once per process."""
 
     def __init__(self, cfg: dict[str, Any], output_dir: Path, progress: bool = True):
         self.cfg = cfg
@@ -43,8 +27,6 @@ class Comparison:
         self.progress = progress
         self.specs = run_specs(self.compare)
         self._environments: dict[str, pipeline.Environment] = {}
-        self._eval_pairs: dict[str, Any] = {}
-        self._task_data: dict[str, Any] = {}
         self._hashes: dict[Unit, str] = {}
         self.run_seeds: dict[int, list[int]] = {}  # compare.until=decided: a run's seeds at the current look
 
@@ -248,128 +230,6 @@ class Comparison:
             self._hashes[unit] = config_hash(self.unit_config(unit))
         return self._hashes[unit]
 
-    def run_unit(self, unit: Unit) -> dict[str, Any]:
-        return self.pretrain_unit(unit) if unit.is_pretrain else self.finetune_unit(unit)
-
-    def pretrain_unit(self, unit: Unit) -> dict[str, Any]:
-        """Pre-train a run at a seed (saved for its fine-tunings), then score held-out ITM and zero-shot retrieval."""
-        from accelerate.utils import set_seed
-
-        from vlkit.train.trainer import read_metrics
-
-        spec, seed = self.specs[unit.run], unit.seed
-        env = self.environment(spec)
-        set_seed(seed)
-        model = pipeline.build_run_model(env)
-        seen: list[str] = []
-        start = time.perf_counter()
-        out_dir = self.unit_dir(unit)
-        pre, result = pipeline.pretrain_model(env, model, objective_mix(spec), self.unit_trainer(unit), out_dir, seed, seen)
-        wall = time.perf_counter() - start
-        dataset = pipeline.pretraining_dataset(env)
-        curve = read_metrics(out_dir)  # every step since step 0, also after a resume
-        out = {"ids": digest(seen), "curve": curve,
-               "data": {"pretrain": _pretraining_digest(dataset)},
-               "stats": {"pretrain_wall_s": wall, "train_samples_per_s": len(seen) / wall if wall else float("nan"),
-                         "pretrain_final_loss": curve[-1]["loss"] if curve else float("nan")},
-               "metrics": {}}
-        if pre.scorer() is not None and self.compare.get("itm_pairs", 2000):  # 0: no held-out ITM accuracy
-            pairs = self.eval_pairs(spec)
-            out["metrics"].update(itm_acc=itm_accuracy(pre, pairs, self.compare.get("itm_pairs", 2000), seed=0),
-                                  itm_acc_chance=0.5)
-        if "retrieval" in self.compare["tasks"] and self.compare.get("zero_shot", True) and pre.scorer() is not None:
-            out["metrics"].update(self._zero_shot(env, pre, spec))
-        out["wall_s"] = time.perf_counter() - start
-        out["stats"]["pretrain_eval_wall_s"] = out["wall_s"] - wall  # held-out ITM and zero-shot retrieval
-        return out
-
-    def eval_pairs(self, spec: RunSpec) -> Any:
-        """The image-text pairs of the evaluation split (held-out ITM accuracy), built once per environment."""
-        env = self.environment(spec)
-        key = json.dumps(env.data, sort_keys=True, default=str)
-        if key not in self._eval_pairs:
-            from vlkit.registry import DATASETS
-
-            self._eval_pairs[key] = DATASETS.get(env.data["name"])({**env.data, "split": self.compare.get("eval_split", "val")})
-        return self._eval_pairs[key]
-
-    def task_data(self, env: pipeline.Environment, task_cfg: dict[str, Any]) -> Any:
-        """A task's data on ``env``, built once per process and shared by its fine-tunings (read-only: every
-        random choice comes from the unit's seed)."""
-        from vlkit.registry import TASKS
-
-        key = json.dumps([id(env), task_cfg], sort_keys=True, default=str)
-        if key not in self._task_data:
-            self._task_data[key] = TASKS.get(task_cfg["name"]).build_data(task_cfg, env.tokenizer, env.image_source,
-                                                                           env.world)
-        return self._task_data[key]
-
-    def finetune_unit(self, unit: Unit) -> dict[str, Any]:
-        """Fine-tune the pre-trained (``variant="pretrained"``) or freshly initialised model on the unit's task."""
-        from accelerate.utils import set_seed
-
-        spec, seed, task = self.specs[unit.run], unit.seed, unit.task
-        env = self.environment(spec)
-        task_cfg = self.task_cfg(task, spec)
-        start = time.perf_counter()
-        data = self.task_data(env, task_cfg)  # before the seed: only this process's first unit of a task builds it
-        set_seed(seed)
-        parent = unit.depends_on()
-        model = pipeline.load_pretraining(self.unit_dir(parent)) if parent else pipeline.build_run_model(env)
-        out_dir = self.unit_dir(unit)
-        seen: list[str] = []
-        module, data, _, raw = pipeline.finetune_task(env, model, task_cfg, self.unit_trainer(unit), out_dir, seed,
-                                                      (self.compare.get("eval_split", "val"),), seen, data=data)
-        metrics = {_metric_name(task, k.split("/", 1)[1]): v for k, v in raw.items()}
-        out = {"wall_s": time.perf_counter() - start, "task": task, "metrics": metrics, "params": _parameters(module.model),
-               "finetune_ids": {str(out_dir.relative_to(self.output_dir)): digest(seen)},
-               "data": {task: digest(_dataset_keys(data.train))}}
-        if task == "vqa":
-            out["latency_ms"] = inference_latency(module.model, data.train)
-        return out
-
-    def collect(self, done: dict[Unit, dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
-        """(records, audit, curves) from the results of the finished units: one record per (run, variant,
-        seed) in report order with what its finished units give (none: no record)."""
-        records: list[dict[str, Any]] = []
-        audit: dict[str, Any] = {"pretrain_ids": {}, "finetune_ids": {}, "data": {}}
-        curves: dict[str, list[dict[str, Any]]] = {}
-        for seed in self.all_seeds():
-            for i, spec in enumerate(self.specs):
-                if seed not in self.seeds_of(i):
-                    continue
-                for variant in self.variants(spec):
-                    pre = done.get(Unit(i, seed)) if variant == "pretrained" else None
-                    parts = ([pre] if pre else []) + [done[u] for u in self.finetune_units(i, seed, variant) if u in done]
-                    if not parts:
-                        continue
-                    record: dict[str, Any] = {
-                        "run": spec.name, "variant": variant, "family": spec.family,
-                        "preset": spec.model.get("preset"), "objectives": mix_label(spec) if variant == "pretrained" else None,
-                        "mix": spec.mix if variant == "pretrained" else None, "seed": seed, **(pre["stats"] if pre else {})}
-                    if pre:
-                        audit["pretrain_ids"][f"{spec.name}/seed{seed}"] = pre["ids"]
-                        curves[f"{spec.name}/seed{seed}"] = pre["curve"]
-                    for part in parts:
-                        record.update(part["metrics"])
-                        audit["data"].update(part["data"])
-                        audit["finetune_ids"].update(part.get("finetune_ids", {}))
-                        for key in ("params", "latency_ms"):
-                            if key in part:
-                                record[key] = part[key]
-                    record.update({f"{p['task']}_wall_s": p["wall_s"] for p in parts if "task" in p})
-                    record["wall_s"] = sum(p["wall_s"] for p in parts)
-                    record["meta_sum"] = _meta_sum(record)
-                    records.append(record)
-        audit["data_hash"] = digest(sorted(audit["data"].items()))
-        audit["machine"] = machine_summary([r["machine"] for r in done.values() if "machine" in r])
-        return records, audit, curves
-
-    def _zero_shot(self, env, pre: Any, spec: RunSpec) -> dict[str, float]:
-        task_cfg = self.task_cfg("retrieval", spec)
-        return zero_shot_retrieval(pre, task_cfg, self.task_data(env, task_cfg), self.compare.get("eval_split", "val"))
-
-
 def describe(err: BaseException) -> str:
     """An error's message (a `KeyError`'s without its quotes)."""
     return str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
@@ -383,78 +243,3 @@ def _with_inputs(config: dict[str, Any]) -> dict[str, Any]:
     return {**config, "inputs": inputs} if inputs else config
 
 
-def _pretraining_digest(dataset: Any) -> str:
-    """The identity of the pre-training pairs: every (id, image, caption), or a stream's shard manifest."""
-    if hasattr(dataset, "manifest"):
-        return digest([dataset.manifest])
-    return digest((r["id"], r["image_id"], r["caption"]) for r in dataset.data)
-
-
-def _dataset_keys(dataset: Any) -> Iterable[Any]:
-    data = getattr(dataset, "data", None)
-    if data is not None and hasattr(data, "column_names"):
-        columns = [c for c in ("id", "image_id") if c in data.column_names]
-        return zip(*(data[c] for c in columns))
-    return (str(i) for i in range(len(dataset)))
-
-
-def _metric_name(task: str, key: str) -> str:
-    """Task metrics as record keys: the task's own name for its main metric (``vqa``, ``refexp``,
-    ``nlvr2``), retrieval's ``ir_r1`` ..., anything else prefixed with the task."""
-    return key if task == "retrieval" or key == task or key.startswith(f"{task}_") else f"{task}_{key}"
-
-
-def _meta_sum(metrics: dict[str, float]) -> float:
-    """UNITER's Meta-Sum (VQA + IR R@1 + TR R@1 + NLVR2 + RefExp), a fraction sum like every record metric
-    (the report shows it in points); NaN when one is missing."""
-    keys = ("vqa", "ir_r1", "tr_r1", "nlvr2", "refexp")
-    if not all(k in metrics for k in keys):
-        return float("nan")
-    return sum(metrics[k] for k in keys)
-
-
-class Progress:
-    """Units done of the total, elapsed time and an ETA: each remaining unit costs its step count times the
-    seconds per step of finished units of its kind (pre-training of a run, fine-tuning of a task), else of
-    its stage, else of any unit; spread over the slots that run units side by side."""
-
-    def __init__(self, comparison: Comparison, units: list[Unit], slots: int):
-        self.comparison, self.remaining = comparison, list(units)
-        self.total, self.slots = len(units), max(1, slots)
-        self.start = time.perf_counter()
-        self.per_step: dict[Any, list[float]] = {}
-
-    @staticmethod
-    def kinds(unit: Unit) -> tuple[Any, ...]:
-        """The unit's kind, its stage, and everything: from the most to the least specific."""
-        return (("pretrain", unit.run), "pretrain", "all") if unit.is_pretrain else \
-            (("finetune", unit.run, unit.task), "finetune", "all")
-
-    def estimate(self, unit: Unit) -> float:
-        for kind in self.kinds(unit):
-            if kind in self.per_step:
-                return self.comparison.unit_steps(unit) * sum(self.per_step[kind]) / len(self.per_step[kind])
-        return 0.0
-
-    def finished(self, unit: Unit, state: str, result: dict[str, Any] | None, note: str = "") -> None:
-        """Say that ``unit`` ended (``finished``, ``failed``, ``skipped``, or reused from an earlier attempt)."""
-        self.remaining.remove(unit)
-        if result is not None and state == "finished":
-            for kind in self.kinds(unit):
-                self.per_step.setdefault(kind, []).append(result["wall_s"] / max(1, self.comparison.unit_steps(unit)))
-        done = self.total - len(self.remaining)
-        elapsed = time.perf_counter() - self.start
-        eta = sum(self.estimate(u) for u in self.remaining) / self.slots
-        what = self.comparison.key(unit)
-        if state == "finished" and result is not None:
-            shown = ", ".join(f"{k} {100 * v:.1f}" for k, v in result.get("metrics", {}).items() if k in HEADLINE)
-            what += f" {result['wall_s']:.0f} s" + (f" ({shown})" if shown else "")
-        else:
-            what += f" {state}" + (f": {note}" if note else "")
-        self.comparison.say(f"{done}/{self.total} units done; {what}; elapsed {_clock(elapsed)}"
-                            + (f", ETA {_clock(eta)}" if self.remaining else ""))
-
-
-def _clock(seconds: float) -> str:
-    minutes, secs = divmod(int(round(seconds)), 60)
-    return f"{minutes}m{secs:02d}s"
