@@ -1,5 +1,6 @@
 """``install_plugin``: a plugin package of this folder pip-installed into a temporary target, found through its
-``vlkit.plugins`` entry point (a family's or an executor's), and removed from every registry afterwards."""
+``vlkit.plugins`` entry point (a family's, an executor's, a corruption view's and objective's ...), and removed
+from every registry afterwards."""
 import shutil
 import subprocess
 import sys
@@ -12,8 +13,10 @@ from vlkit import registry
 HERE = Path(__file__).resolve().parent
 
 
-def _forget(family: str | None, module: str, executor: str | None) -> None:
-    registry.EXECUTORS._entries.pop(executor, None)
+def _forget(family: str | None, module: str, entries: dict[registry.Registry, tuple[str, ...]]) -> None:
+    for table, names in entries.items():
+        for name in names:
+            table._entries.pop(name, None)
     if family is not None:  # (a family of None would name the generic heads)
         for table in (registry.MODELS, registry.CONVERTERS):
             table._entries.pop(family, None)
@@ -29,7 +32,10 @@ def install_plugin(tmp_path_factory):
     monkeypatch = pytest.MonkeyPatch()
     installed = []
 
-    def install(package: str, module: str, family: str | None = None, executor: str | None = None) -> Path:
+    def install(package: str, module: str, family: str | None = None, **names: tuple[str, ...]) -> Path:
+        """``names``: what the plugin registers besides a family, by registry (``executors=("subprocess",)``,
+        ``objectives=...``, ``corruptions=...``: the plain-table registries, `vlkit.EXECUTORS` ...)."""
+        entries = {getattr(registry, kind.upper()): tuple(keys) for kind, keys in names.items()}
         root = tmp_path_factory.mktemp(package)
         shutil.copytree(HERE / package, root / "src")  # build outside the repository
         target = root / "site"
@@ -38,11 +44,11 @@ def install_plugin(tmp_path_factory):
         monkeypatch.syspath_prepend(str(target))
         monkeypatch.setattr(registry, "_plugins_loaded", False)
         assert module not in sys.modules and family not in registry.MODELS._entries
-        assert executor not in registry.EXECUTORS._entries
-        installed.append((family, module, executor))
+        assert not any(set(keys) & set(table._entries) for table, keys in entries.items())
+        installed.append((family, module, entries))
         return target
 
     yield install
     monkeypatch.undo()
-    for family, module, executor in installed:
-        _forget(family, module, executor)
+    for family, module, entries in installed:
+        _forget(family, module, entries)

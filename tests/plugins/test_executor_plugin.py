@@ -29,7 +29,7 @@ def untimed(folder) -> list[dict]:
 @pytest.fixture(scope="module")
 def runs(install_plugin, tmp_path_factory):
     """The same comparison on the local executor and on the plugin's."""
-    target = install_plugin("vlkit_subprocess", "vlkit_subprocess", executor="subprocess")
+    target = install_plugin("vlkit_subprocess", "vlkit_subprocess", executors=("subprocess",))
     root = tmp_path_factory.mktemp("subprocess")
     common = [*ONE_RUN, f"cache_dir={root / 'cache'}", "workers=2"]
     assert main(["compare", *common, f"output_dir={root / 'local'}"]) == 0
