@@ -63,3 +63,20 @@ def test_a_misspelt_task_anywhere_in_the_comparison_is_refused(tmp_path, overrid
     with pytest.raises(KeyError, match=rf"{where}: unknown task\(s\)"):
         main(["compare", override, f"output_dir={tmp_path / 'out'}"])
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("runs, where", [
+    ("task_overrides: {vqa: {max_lenn: 20}}\nruns:\n  - {name: uniter, model: {name: uniter, preset: tiny}, "
+     "objectives: uniter}\n", r"compare.task_overrides.vqa: unknown key 'max_lenn' \(did you mean 'max_len'\?\)"),
+    ("- {name: uniter, model: {name: uniter, preset: tiny}, objectives: uniter,\n"
+     "   task_overrides: {retrieval: {options: {rerank_kk: 4}}}}\n",
+     r"compare.runs\[uniter\].task_overrides.retrieval.options: unknown key 'rerank_kk' \(did you mean 'rerank_k'"),
+])
+def test_a_misspelt_task_key_in_a_comparison_file_is_refused(tmp_path, runs, where):
+    """A task override's keys are checked against the task's config, as ``task.<key>=`` is on the command line:
+    a typo in a comparison file would otherwise be ignored."""
+    path = tmp_path / "runs.yaml"
+    path.write_text(runs)
+    with pytest.raises(KeyError, match=where):
+        main(["compare", f"compare={path}", f"output_dir={tmp_path / 'out'}"])
+    assert not (tmp_path / "out").exists()

@@ -160,9 +160,33 @@ def known_tasks(where: str, tasks: Any) -> None:
         raise KeyError(f"{where}: unknown task(s) {sorted(unknown)}; tasks: {', '.join(TASKS.names())}")
 
 
+def known_task_keys(where: str, overrides: Any) -> None:
+    """Raise `KeyError` naming the key when ``overrides`` (task -> overrides) sets a key its task's config
+    (``conf/task/<task>.yaml``) does not have under a mapping, as ``task.<key>=`` on the command line is refused (a
+    misspelt key would be ignored). A task without a config file there (a plugin's) is not checked."""
+    from vlkit.io import config_dir
+
+    for task, override in (overrides or {}).items():
+        path = config_dir() / "task" / f"{task}.yaml"
+        if path.is_file():
+            _known_keys(f"{where}.{task}", override, load_yaml(path))
+
+
+def _known_keys(where: str, override: Any, base: Any) -> None:
+    from vlkit.registry import did_you_mean
+
+    if not isinstance(override, Mapping) or not isinstance(base, Mapping):
+        return
+    for key, value in override.items():
+        if key not in base:
+            raise KeyError(f"{where}: unknown key {key!r}{did_you_mean(key, base)}; known: {', '.join(map(str, base))}")
+        _known_keys(f"{where}.{key}", value, base[key])
+
+
 def run_specs(compare: dict[str, Any]) -> list[RunSpec]:
     known_tasks("compare.trainer.tasks", (compare.get("trainer") or {}).get("tasks"))
     known_tasks("compare.task_overrides", compare.get("task_overrides"))
+    known_task_keys("compare.task_overrides", compare.get("task_overrides"))
     known_tasks("compare.budget.finetune_steps", (compare.get("budget") or {}).get("finetune_steps"))
     specs = []
     for entry in compare["runs"]:
@@ -186,6 +210,7 @@ def run_specs(compare: dict[str, Any]) -> list[RunSpec]:
         known_tasks(f"compare.runs[{entry['name']}].finetune_trainer.tasks",
                     (entry.get("finetune_trainer") or {}).get("tasks"))
         known_tasks(f"compare.runs[{entry['name']}].task_overrides", entry.get("task_overrides"))
+        known_task_keys(f"compare.runs[{entry['name']}].task_overrides", entry.get("task_overrides"))
         specs.append(RunSpec(model=model, add_objectives=dict(compare.get("add_objectives") or {}), **entry))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
