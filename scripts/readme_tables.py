@@ -2,6 +2,7 @@
 regenerated.
 
     python scripts/readme_tables.py default             # runs `vlkit compare` (cold cache), then updates its page
+                                                        # and README.md's figure of the main job
     python scripts/readme_tables.py claims              # the same for compare=claims, and its verdicts in README.md
     python scripts/readme_tables.py default --from outputs/readme/default   # reuse a finished run's results
     python scripts/readme_tables.py claims compare.until=decided compare.max_seeds=6 --from D --wall 4200
@@ -63,9 +64,15 @@ def shown(name: str, extra: list[str] = ()) -> str:
     return " ".join(["vlkit compare", f"compare={name}", *extra])
 
 
+def without_paths(text: str, output: Path) -> str:
+    """``text`` with this machine's paths as placeholders: the comparison's folder as D, a ``cache_dir=`` as CACHE."""
+    text = text.replace(str(Path(output).resolve()), "D").replace(str(output), "D")
+    return re.sub(r"cache_dir=[^\s`|]+", "cache_dir=CACHE", text)
+
+
 def block(name: str, output: Path, wall: float | None, extra: list[str] = ()) -> str:
     manifest = json.loads((output / "manifest.json").read_text())
-    report = (output / "results.md").read_text().split("\n", 2)[2].strip()  # without the title line
+    report = without_paths((output / "results.md").read_text().split("\n", 2)[2].strip(), output)  # without the title
     report = re.sub(r"^#+ ", "## ", report, flags=re.M)  # sections of the page
     sessions = len((manifest.get("account") or {}).get("sessions") or [None])
     wall_text = f"{wall:.0f} s wall for the whole command" if wall is not None else \
@@ -100,6 +107,13 @@ def verdicts(name: str, output: Path, wall: float | None, extra: list[str] = ())
         f"`{shown(name, extra)}` ({seeds}, {wall_text}, {commit}, {written}): "
         + ", ".join(f"{n} {v}" for v, n in counts.items()) + f". Minimum detectable effect (points): {detectable}.", "",
         claims_table(claims)])
+
+
+def main_job_wall(output: Path, wall: float) -> str:
+    """README.md's figure of the main job: its wall time and the machine's speed while it ran."""
+    gemm = json.loads((output / "manifest.json").read_text())["machine"]["gemm_gflops"]
+    return (f"({wall:,.0f} s at the last documented run, on 2 CPU cores whose one-thread fp32 GEMM measured "
+            f"{gemm['median']:.0f} GFLOPS, median after each unit)")
 
 
 def update_page(name: str, text: str) -> None:
@@ -248,7 +262,7 @@ def account(cache_dir: Path | None) -> None:
     shown_command = f"vlkit compare {' '.join(extra)} output_dir=D cache_dir=CACHE"
     text = "\n".join([f"`{shown_command}`, SIGKILLed (its process group) after 6 and after 20 finished units, then "
                       f"`{shown_command} resume=true` twice; {commit}, {written}. From its `results.md`:", "",
-                      section.replace(str(output), "D").replace(str(cache), "CACHE")])
+                      without_paths(section, output)])
     update_block(DOCS / "compare.md", "account:smoke", text)
     shutil.rmtree(work, ignore_errors=True)
     print("docs/compare.md: the account of a resumed smoke comparison written")
@@ -298,6 +312,8 @@ def main() -> None:
     summary = verdicts(args.name, output, wall, args.extra)
     if summary is not None:
         update_block(ROOT / "README.md", f"verdicts:{args.name}", summary)
+    if args.name == "default" and wall is not None:  # README's tour quotes the main job's wall time
+        update_block(ROOT / "README.md", "wall:default", main_job_wall(output, wall))
     shutil.copyfile(output / "metrics.png", DOCS / f"compare_{args.name}_metrics.png")
     print(f"{page(args.name).relative_to(ROOT)}: compare:{args.name} block written from {output}")
 
