@@ -65,7 +65,7 @@ def shown(name: str, extra: list[str] = ()) -> str:
 
 
 def without_paths(text: str, output: Path) -> str:
-    """``text`` with this machine's paths as placeholders: the comparison's folder as D, a ``cache_dir=`` as CACHE."""
+    """``text`` with this machine's paths replaced: the comparison's folder by D, a ``cache_dir=`` by CACHE."""
     text = text.replace(str(Path(output).resolve()), "D").replace(str(output), "D")
     return re.sub(r"cache_dir=[^\s`|]+", "cache_dir=CACHE", text)
 
