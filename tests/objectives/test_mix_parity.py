@@ -1,6 +1,9 @@
-"""Issue 45: the built-in mixes give bit-identical losses and corruptions whichever way `Pretraining.corrupt` finds
-its views. ``data/mix_losses.json`` was recorded before the views became registered entries (the if-chain of
-HEAD fe3ac8b); rewrite it only on purpose: ``VLKIT_RECORD_MIX_LOSSES=1 pytest tests/objectives/test_mix_parity.py``."""
+"""Issue 45: the built-in mixes give the same losses and corruptions whichever way `Pretraining.corrupt` finds its
+views. ``data/mix_losses.json`` was recorded before the views became registered entries (the if-chain of HEAD
+fe3ac8b); rewrite it only on purpose: ``VLKIT_RECORD_MIX_LOSSES=1 pytest tests/objectives/test_mix_parity.py``.
+Shapes and every key match exactly; the figures (float.hex) to 1e-6 relative: the float32 kernels a CPU picks (AVX2
+or AVX-512) change a loss's last bit (seen as 1 ulp between two machines), while a changed mask or row moves it by
+orders of magnitude more."""
 import json
 import os
 from pathlib import Path
@@ -55,6 +58,14 @@ def _figures(preset):
     return out
 
 
+def _flat(figures, path=""):
+    """``{path: value}`` of the nested figures, each float.hex string read as its float."""
+    if isinstance(figures, (dict, list)):
+        items = figures.items() if isinstance(figures, dict) else enumerate(figures)
+        return {k: v for key, value in items for k, v in _flat(value, f"{path}/{key}").items()}
+    return {path: float.fromhex(figures) if isinstance(figures, str) else figures}
+
+
 @pytest.fixture(scope="module")
 def recorded():
     if os.environ.get("VLKIT_RECORD_MIX_LOSSES"):
@@ -68,10 +79,14 @@ def recorded():
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_builtin_mixes_give_the_recorded_losses_bit_for_bit(preset, recorded):
+def test_builtin_mixes_give_the_recorded_losses(preset, recorded):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        assert _figures(preset) == recorded[preset]
+        got, expected = _flat(_figures(preset)), _flat(recorded[preset])
+        assert got.keys() == expected.keys()
+        assert {k for k, v in got.items() if v is None} == {k for k, v in expected.items() if v is None}
+        numbers = [k for k, v in expected.items() if v is not None]
+        assert [got[k] for k in numbers] == pytest.approx([expected[k] for k in numbers], rel=1e-6, abs=1e-12)
     finally:
         torch.set_num_threads(threads)
