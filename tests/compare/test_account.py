@@ -36,24 +36,30 @@ def _states(out: Path) -> list[dict]:
     return states
 
 
-def _fresh_unit_running(out: Path, finished: int) -> bool:
-    """Whether ``finished`` units finished and a unit started after the last of them runs and has beaten since: a
-    kill now lands inside a unit with most of its work ahead (not one about to finish as the kill lands)."""
-    states = _states(out)
-    ended = [s["ended"] for s in states if s["state"] == "finished"]
-    if len(ended) < finished:
+def _unit_running(out: Path, finished: int) -> bool:
+    """Whether ``finished`` units finished and a unit runs that has beaten since it started (so a kill now lands
+    inside it and its attempt ends after its start; its worker exits with the session and never records it finished,
+    `vlkit.runtime.watched_exited`)."""
+    states = {s["unit"]: s for s in _states(out)}
+    if sum(s["state"] == "finished" for s in states.values()) < finished:
         return False
     for path in (out / "runs").glob("*/*/*/heartbeat"):
-        state = next((s for s in states if s["unit"] == "/".join(path.parent.parts[-3:])), None)
-        if state and state["state"] == "running" and state["started"] >= max(ended, default=0) and \
-                path.stat().st_mtime > state["started"] + 0.1:
+        state = states.get("/".join(path.parent.parts[-3:]))
+        if state and state["state"] == "running" and path.stat().st_mtime > state["started"] + 0.1:
             return True
     return False
 
 
+def _timeline(out: Path) -> list[dict]:
+    """Each unit's attempts and last heartbeat, as the kill loop saw them (for a failure's message)."""
+    beats = {"/".join(p.parent.parts[-3:]): p.stat().st_mtime for p in (out / "runs").glob("*/*/*/heartbeat")}
+    return [{"unit": s["unit"], "state": s["state"], "heartbeat": beats.get(s["unit"]), "attempts": s["attempts"]}
+            for s in _states(out)]
+
+
 def _session(args: list[str], out: Path, kill_after: int | None, timeout: float = 900) -> float:
     """Run one session of the comparison; with ``kill_after``, SIGKILL its process group once that many units
-    finished and a unit started after them is running. Returns the session's span as seen from outside."""
+    finished and another one is running. Returns the session's span as seen from outside."""
     # Ray >= 2.60: a local ray.init() writes a token to ~/.ray and turns token auth on, `ray start` does when one
     # is there, and a driver given an address sends it only under RAY_AUTH_MODE=token: keep auth off, $HOME as is
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
@@ -65,8 +71,8 @@ def _session(args: list[str], out: Path, kill_after: int | None, timeout: float 
         assert process.returncode == 0, log
         return time.time() - start
     deadline = time.monotonic() + timeout
-    while not _fresh_unit_running(out, kill_after):
-        assert process.poll() is None, process.stdout.read()
+    while not _unit_running(out, kill_after):
+        assert process.poll() is None, process.stdout.read() + json.dumps(_timeline(out), indent=1)
         assert time.monotonic() < deadline, "the comparison did not get far enough"
         time.sleep(0.1)
     os.killpg(process.pid, signal.SIGKILL)  # the driver, its workers, submitit's jobs, Ray's processes
