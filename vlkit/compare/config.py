@@ -164,10 +164,8 @@ def known_task_keys(where: str, overrides: Any) -> None:
     """Raise `KeyError` naming the key when ``overrides`` (task -> overrides) sets a key its task's config
     (``conf/task/<task>.yaml``) does not have under a mapping, as ``task.<key>=`` on the command line is refused (a
     misspelt key would be ignored). A task without a config file there (a plugin's) is not checked."""
-    from vlkit.io import config_dir
-
     for task, override in (overrides or {}).items():
-        path = config_dir() / "task" / f"{task}.yaml"
+        path = task_file(task)
         if path.is_file():
             _known_keys(f"{where}.{task}", override, load_yaml(path))
 
@@ -244,14 +242,17 @@ def mix_label(spec: RunSpec) -> str | None:
 def task_cfg(compare: dict[str, Any], name: str, spec: RunSpec | None = None) -> dict[str, Any]:
     """The config of task ``name``: ``conf/task/<name>.yaml``, then the comparison's ``task_overrides``,
     then the run's own ``task_overrides`` (e.g. ``{retrieval: {options: {num_negatives: 3}}}``)."""
-    from vlkit.io import config_dir
-
-    conf_dir = config_dir()
-
     layers = [(compare.get("task_overrides") or {}).get(name) or {}]
     if spec is not None:
         layers.append((spec.task_overrides or {}).get(name) or {})
-    return load_yaml(conf_dir / "task" / f"{name}.yaml", *layers)
+    return load_yaml(task_file(name), *layers)
+
+
+def task_file(name: str) -> Path:
+    """Task ``name``'s config file, ``conf/task/<name>.yaml``."""
+    from vlkit.io import config_dir
+
+    return config_dir() / "task" / f"{name}.yaml"
 
 
 def look_sizes_of(compare: dict[str, Any]) -> list[int] | None:

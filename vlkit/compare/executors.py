@@ -6,9 +6,9 @@ dry run and the resume check derive theirs from the registry).
 An executor starts a unit (`submit`) and reports the units that ended (`wait`) as outcomes: ``finished``,
 ``failed`` (the unit raised: deterministic, never retried) or ``died`` (its process or node was lost: an
 OOM kill, a pre-emption, a lost node; retried up to ``compare.retries`` times). Every executor runs the
-same `vlkit.compare.worker.run_job`, so records are identical across executors. `drive` is the one
-scheduler over them: units start when the units they depend on finished, at most ``slots`` at a time;
-the dependents of a failed unit are skipped; everything else goes on.
+same `vlkit.compare.worker.run_job`, so records are identical across executors.
+`vlkit.compare.scheduler.drive` is the one scheduler over them: units start when the units they depend on
+finished, at most ``slots`` at a time; the dependents of a failed unit are skipped; everything else goes on.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from vlkit.extras import require
 from vlkit.compare.executor_base import Executor, blocks
 from vlkit.registry import register_executor
 from vlkit.runtime import exit_with
+
 
 class ExecutorSettings:
     """What every executor is told: workers and threads per unit, the GPUs a unit takes, and each executor's
