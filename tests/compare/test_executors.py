@@ -253,7 +253,9 @@ def test_a_worker_killed_by_the_system_is_retried(local_records, tmp_path):
         while not killed and time.monotonic() < deadline:
             for path in (out / "runs").glob("*/*/pretrain/unit.json"):
                 state = json.loads(path.read_text())
-                if state["state"] == "running":
+                log = path.with_name("unit.log")
+                # the worker marks its unit running, then writes the attempt's first log line: kill after both
+                if state["state"] == "running" and log.exists() and "attempt 1" in log.read_text():
                     os.kill(state["pid"], signal.SIGKILL)
                     killed.append(state["unit"])
                     return
