@@ -231,7 +231,7 @@ def shutdown(barrier: bool = True) -> None:
     while a peer's connection closes. Every entry point that may run under ``accelerate launch`` /
     ``torchrun`` calls this before returning (the ``vlkit`` console script does). The model a rank trained (a
     DDP wrapper holds the group) must be freed first: a group still referenced is only destroyed at exit, and
-    aborted there about once in 20 runs on a loaded machine."""
+    aborted there about once in 25 runs on a loaded machine."""
     import gc
 
     import torch.distributed as dist

@@ -1,10 +1,10 @@
 """Two CPU processes (gloo, started by ``accelerate launch``) with half the per-rank batch give the
 losses of one process. Run as a script, this file is the worker that ``accelerate launch`` starts.
 
-The worker ends its process group (`vlkit.train.distributed.shutdown`: barrier, then
+The worker ends its process group (`vlkit.runtime.shutdown`: barrier, then
 ``destroy_process_group``) before exiting, its trainer freed first: a process that exits with a live
 gloo group aborts now and then ("terminate called without an active exception", exit code -6, after
-its last Python frame), 3 runs in 60 beside two CPU burners while the trainer was a module global."""
+its last Python frame), 4 runs in 100 beside two CPU burners while the trainer was a module global."""
 from __future__ import annotations
 
 import importlib.util
