@@ -1,4 +1,4 @@
-"""Small I/O helpers shared across vlkit: atomic writes, file digests and a restricted unpickler.
+"""Small I/O helpers shared across vlkit: atomic writes, strict JSON, file digests and a restricted unpickler.
 
 Never unpickle untrusted files with `pickle.load`: `safe_pickle_load` only admits builtin
 containers / scalars and numpy arrays, and refuses any other class with an error naming the file.
@@ -15,6 +15,7 @@ import errno
 import hashlib
 import io
 import json
+import math
 import os
 import pickle
 import shutil
@@ -346,6 +347,25 @@ def read_json(path: str | os.PathLike, advice: str = "") -> Any:
     except json.JSONDecodeError as err:
         raise UnreadableFileError(f"{path}: not readable JSON, truncated or damaged ({err.msg} at line {err.lineno}, "
                                   f"column {err.colno}){advice}") from None
+
+
+def clean_json(value: Any) -> Any:
+    """``value`` with every non-finite float as None, so ``json.dumps(allow_nan=False)`` accepts it (dict keys as
+    strings, tuples as lists, any other object as its ``str``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): clean_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_json(v) for v in value]
+    if isinstance(value, (str, int, bool, float)) or value is None:
+        return value
+    return str(value)
+
+
+def dump_json(value: Any) -> str:
+    """``value`` as strict JSON (`clean_json`), indented, keys sorted: the form of every record vlkit writes."""
+    return json.dumps(clean_json(value), indent=2, sort_keys=True, allow_nan=False)
 
 
 def sha256_file(path: str | os.PathLike) -> str:

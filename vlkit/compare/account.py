@@ -73,8 +73,7 @@ class Session:
         return session
 
     def write(self) -> None:
-        from vlkit.compare.report import dump_json
-        from vlkit.io import atomic_write_text
+        from vlkit.io import atomic_write_text, dump_json
 
         atomic_write_text(self.path, dump_json(self.record))
 
@@ -165,8 +164,7 @@ def spent_plan(comparison: Any, results: dict[Any, dict[str, Any]]) -> Any:
     from vlkit.compare.devices import gpu_device
     from vlkit.compare.executor_base import unit_nodes
     from vlkit.compare.plan import make_plan, plan_settings
-    from vlkit.compare.report import dump_json
-    from vlkit.io import atomic_write_text
+    from vlkit.io import atomic_write_text, dump_json
 
     compare = comparison.compare
     settings = plan_settings(compare)

@@ -46,7 +46,7 @@ def saved_plan(cfg: dict[str, Any], output_dir: Path, resume: bool) -> dict[str,
     """The checks of `write_plan`, which write nothing: the plan saved in ``output_dir`` when resuming (None for a new
     comparison); a folder that holds something else, or a changed configuration, is refused."""
     from vlkit.compare.executor_base import run_keys
-    from vlkit.compare.report import dump_json
+    from vlkit.io import dump_json
     from vlkit.compare.units import PLAN_DAMAGED
     from vlkit.io import read_json
 
@@ -77,8 +77,7 @@ def write_plan(cfg: dict[str, Any], output_dir: Path, argv: list[str], resume: b
     or, resuming, check the saved one (`saved_plan`): a changed configuration is refused naming each key that
     changed (`RESUME_SAFE` keys may change, and the plan then holds their new values and the resuming command).
     Every check comes before the first write."""
-    from vlkit.compare.report import dump_json
-    from vlkit.io import atomic_write_text
+    from vlkit.io import atomic_write_text, dump_json
 
     path = output_dir / PLAN_FILE
     saved = saved_plan(cfg, output_dir, resume)

@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vlkit.compare.report import dump_json
-from vlkit.io import atomic_write_text, sha256_file
+from vlkit.io import atomic_write_text, dump_json, sha256_file
 
 PACKAGES = ("torch", "torchvision", "transformers", "timm", "accelerate", "hydra-core", "datasets", "h5py", "pot",
             "safetensors", "numpy")

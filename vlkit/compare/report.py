@@ -12,6 +12,7 @@ from typing import Any, Sequence
 from vlkit.compare.plots import plot_results
 from vlkit.compare.statistics import (ALPHA, COSTS, HEADLINE, VQA_ANSWER_TYPES, baseline_key, chance_levels,
                                       detectable_effects, pairwise_tests, scratch_tests, summarize)
+from vlkit.io import clean_json, dump_json
 from vlkit.runtime import GEMM_PROBE
 
 COST_LABELS = {"params": "params", "train_samples_per_s": "train samples/s", "latency_ms": "latency ms/ex",
@@ -150,23 +151,6 @@ def detectable_note(mde: dict[str, dict[str, float]], seeds: int) -> str:
     parts = [f"{m} {v['mde'] * POINTS:.1f} ({v['mde_holm_strict'] * POINTS:.1f})" for m, v in mde.items()]
     return (f"Minimum detectable effect at {seeds} seeds (points; paired t-test, alpha 0.05, power 0.8, from the pooled "
             "SD of the pre-trained − scratch differences; in brackets at Holm's strictest level): " + ", ".join(parts) + ".")
-
-
-def clean_json(value: Any) -> Any:
-    """``value`` with every non-finite float as None, so ``json.dumps(allow_nan=False)`` accepts it."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): clean_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [clean_json(v) for v in value]
-    if isinstance(value, (str, int, bool)) or value is None or isinstance(value, float):
-        return value
-    return str(value)
-
-
-def dump_json(value: Any) -> str:
-    return json.dumps(clean_json(value), indent=2, sort_keys=True, allow_nan=False)
 
 
 def claims_table(claims: list[dict[str, Any]]) -> str:

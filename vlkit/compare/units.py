@@ -125,8 +125,7 @@ class UnitFolder:
         return state["result"] if status(state, unit_hash) == "finished" else None
 
     def _write(self, state: dict[str, Any]) -> None:
-        from vlkit.compare.report import dump_json
-        from vlkit.io import atomic_write_text
+        from vlkit.io import atomic_write_text, dump_json
 
         self.directory.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.path, dump_json(state))
