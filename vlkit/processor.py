@@ -1,7 +1,7 @@
 """`VLProcessor`: what turns a user's images and texts into the `VLBatch` a model takes, and travels with it.
 
 A processor holds a tokenizer, an image source and the `VLCollator`, resolved for one model family and preset
-exactly as the commands resolve ``data.tokenizer`` and ``data.image`` (`vlkit.train.pipeline.prepare_environment`):
+exactly as the commands resolve ``data.tokenizer`` and ``data.image`` (`vlkit.environment.prepare_environment`):
 a folder of image files is read with the family's pixel transform, or, for a region family, through a
 detector whose features are extracted once into a cached feature store; a feature store is read as is.
 
@@ -27,7 +27,7 @@ PROCESSOR_NAME = "processor.json"
 class VLProcessor:
     """Images (file names or ids) and texts -> `VLBatch`, for the model family and preset it was built for.
 
-    ``environment``: the `vlkit.train.pipeline.Environment` it reads through (tokenizer, image source, the data
+    ``environment``: the `vlkit.environment.Environment` it reads through (tokenizer, image source, the data
     config the commands take as ``data=``, the model config sized by the data); ``build``: the `build_processor`
     arguments it was built with (None for a run's processor), which rebuild it where its cached feature store is
     gone."""
@@ -57,9 +57,9 @@ class VLProcessor:
 
     def model_config(self, preset: str | None = None, **overrides: Any) -> Any:
         """The family's config of ``preset`` (default: the processor's) with ``overrides``, sized by the data as
-        the commands size it (`vlkit.train.pipeline.data_sizes`: vocabulary, region feature and class sizes); a
+        the commands size it (`vlkit.environment.data_sizes`: vocabulary, region feature and class sizes); a
         pixel model must read images at the processor's size."""
-        from vlkit.train.pipeline import prepare_environment
+        from vlkit.environment import prepare_environment
 
         model_cfg = {"name": self.family, "preset": preset or self.preset, **overrides}
         return prepare_environment(model_cfg, self.environment.data, (self.build or {}).get("cache_dir"),
@@ -145,7 +145,7 @@ def build_processor(family: str, tokenizer: str | os.PathLike | None = None, ima
     ``$VLKIT_CACHE`` or ~/.cache/vlkit) and reused while the folder is unchanged. ``image``: further
     ``data.image`` settings (``num_bb``, ``transform`` ...)."""
     from vlkit.models.base import MODELS, model_name
-    from vlkit.train.pipeline import prepare_environment
+    from vlkit.environment import prepare_environment
 
     name, named_preset = model_name(family)
     if preset is not None and named_preset is not None and preset != named_preset:
@@ -187,7 +187,7 @@ def folder_features(folder: Path, detector: str = "shapes", weights: Any = None,
     when a file of the folder does (name, size or modification time)."""
     from vlkit.features.commands import image_files
     from vlkit.features.detector import extract_features
-    from vlkit.train.pipeline import cache_dir as cache_root
+    from vlkit.environment import cache_dir as cache_root
 
     files = image_files(folder)
     digest = hashlib.sha256(json.dumps([str(folder.resolve()), detector, str(weights), *[
@@ -220,7 +220,7 @@ def _read(path: Path) -> VLProcessor:
 
 def _from_data(model_cfg: Mapping[str, Any], data: Mapping[str, Any], init: Any = None) -> VLProcessor:
     from vlkit.models.base import split_model_config
-    from vlkit.train.pipeline import prepare_environment
+    from vlkit.environment import prepare_environment
 
     env = prepare_environment(model_cfg, data, progress=False, init=init)
     return VLProcessor(split_model_config(model_cfg)[0], env)

@@ -199,7 +199,7 @@ def pairs_file(pairs: Any, processor: Any, cache_dir: Any = None) -> Path:
     import hashlib
 
     from vlkit.io import atomic_write_text
-    from vlkit.train.pipeline import cache_dir as cache_root
+    from vlkit.environment import cache_dir as cache_root
 
     items = [pairs[k] for k in range(len(pairs))] if not isinstance(pairs, (list, tuple)) else list(pairs)
     lines = []

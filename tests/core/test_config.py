@@ -4,6 +4,7 @@ import pytest
 
 import vlkit
 from vlkit.cli import compose
+from vlkit.environment import prepare_environment
 from vlkit.train import pipeline
 
 
@@ -27,14 +28,14 @@ SHAPES = {"name": "shapes", "num_images": 10, "tokenizer": "shapes", "image": {"
 
 
 def test_pixel_geometry_follows_the_model_and_a_conflict_is_an_error():
-    env = pipeline.prepare_environment({"name": "meter", "preset": "tiny"}, SHAPES, progress=False)
+    env = prepare_environment({"name": "meter", "preset": "tiny"}, SHAPES, progress=False)
     assert (env.data["image"]["size"], env.data["image"]["patch_size"]) == (64, 8)
     same = {**SHAPES, "image": {"source": "shapes", "size": 64, "patch_size": 8}}
-    assert pipeline.prepare_environment({"name": "meter", "preset": "tiny"}, same, progress=False)
+    assert prepare_environment({"name": "meter", "preset": "tiny"}, same, progress=False)
     for key, value, field, model_value in (("patch_size", 16, "patch_size", 8), ("size", 96, "image_size", 64)):
         data = {**SHAPES, "image": {"source": "shapes", key: value}}
         with pytest.raises(ValueError, match=f"data.image.{key}={value} conflicts with model.{field}={model_value}"):
-            pipeline.prepare_environment({"name": "meter", "preset": "tiny"}, data, progress=False)
+            prepare_environment({"name": "meter", "preset": "tiny"}, data, progress=False)
     with pytest.raises(ValueError, match="data.image.transform"):
-        pipeline.prepare_environment({"name": "meter", "preset": "tiny"},
+        prepare_environment({"name": "meter", "preset": "tiny"},
                                      {**SHAPES, "image": {"source": "shapes", "mean": [0.5] * 3}}, progress=False)

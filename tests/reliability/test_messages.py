@@ -10,8 +10,8 @@ from vlkit.cli import user_error
 
 
 def test_a_typo_in_a_model_field_of_a_comparison_run_gets_did_you_mean(tmp_path):
+    from vlkit.environment import prepare_environment
     from vlkit.models.base import UnknownFieldError
-    from vlkit.train.pipeline import prepare_environment
 
     run_model = {"name": "uniter", "preset": "tiny", "hiden_size": 64}  # a run's model: in a comparison YAML
     with pytest.raises(UnknownFieldError, match=r"uniter models have no field model.hiden_size \(did you mean "

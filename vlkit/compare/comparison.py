@@ -10,7 +10,7 @@ from typing import Any
 
 from vlkit.compare.config import RunSpec, objective_mix, run_data, run_specs, task_cfg
 from vlkit.compare.units import Unit, config_hash
-from vlkit.train import pipeline
+from vlkit.environment import Environment, prepare_environment
 
 
 class Comparison:
@@ -26,7 +26,7 @@ class Comparison:
         self.output_dir = Path(output_dir)
         self.progress = progress
         self.specs = run_specs(self.compare)
-        self._environments: dict[str, pipeline.Environment] = {}
+        self._environments: dict[str, Environment] = {}
         self._hashes: dict[Unit, str] = {}
         self.run_seeds: dict[int, list[int]] = {}  # compare.until=decided: a run's seeds at the current look
 
@@ -63,14 +63,14 @@ class Comparison:
         if self.progress:
             print(f"[compare {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
-    def environment(self, spec: RunSpec) -> pipeline.Environment:
+    def environment(self, spec: RunSpec) -> Environment:
         from vlkit.registry import MODELS
 
         data = run_data(self.cfg["data"], spec)
         key = MODELS.get(spec.family).image_input + json.dumps([spec.model, data], sort_keys=True)
         if key not in self._environments:
-            self._environments[key] = pipeline.prepare_environment(spec.model, data, self.cfg.get("cache_dir"),
-                                                                   progress=self.progress)
+            self._environments[key] = prepare_environment(spec.model, data, self.cfg.get("cache_dir"),
+                                                          progress=self.progress)
         return self._environments[key]
 
     def trainer_cfg(self, stage: str, steps: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:

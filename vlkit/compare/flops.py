@@ -218,14 +218,14 @@ def finetune_step_flops(task: Any, shapes: StepShapes, values: bool = False) -> 
 
 
 def plan_sizes(cls: Any, overrides: Mapping[str, Any], data: Mapping[str, Any], config: Any) -> dict[str, Any]:
-    """The model sizes the data decides (`vlkit.train.pipeline.data_sizes`), read without the data: the
+    """The model sizes the data decides (`vlkit.environment.data_sizes`), read without the data: the
     vocabulary of a tokenizer on this machine (``shapes``, a folder, the local hub cache; else the family's
     preset keeps its own), the feature size and classes of the shapes world's detector or of a feature store's
     header (else the preset's)."""
     from types import SimpleNamespace
 
     from vlkit.data import tokenizers
-    from vlkit.train.pipeline import data_sizes
+    from vlkit.environment import data_sizes
 
     name = str(data.get("tokenizer") or tokenizers.family_tokenizer(cls, config))
     local = tokenizers.on_this_machine(name)

@@ -14,6 +14,7 @@ from vlkit.compare.comparison import Comparison
 from vlkit.compare.config import RunSpec, objective_mix
 from vlkit.compare.evaluation import inference_latency, itm_accuracy, zero_shot_retrieval
 from vlkit.compare.units import Unit, digest
+from vlkit.environment import Environment
 from vlkit.train import pipeline
 
 
@@ -74,7 +75,7 @@ class UnitWork:
             self._eval_pairs[key] = DATASETS.get(env.data["name"])({**env.data, "split": self.compare.get("eval_split", "val")})
         return self._eval_pairs[key]
 
-    def task_data(self, env: pipeline.Environment, task_cfg: dict[str, Any]) -> Any:
+    def task_data(self, env: Environment, task_cfg: dict[str, Any]) -> Any:
         """A task's data on ``env``, built once per process and shared by its fine-tunings."""
         from vlkit.registry import TASKS
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vlkit.config import plain
+from vlkit.environment import prepare_environment
 from vlkit.runtime import set_threads
 from vlkit.train import pipeline
 
@@ -94,7 +95,7 @@ def _prepare(cfg, model_cfg: dict[str, Any], check: Any, overrides: Sequence[str
     from accelerate.utils import set_seed
 
     data = _run_data(cfg.data, cfg.get("init"), cfg.data.get("tokenizer"), explicit_keys(overrides))
-    env = pipeline.prepare_environment(model_cfg, data, cfg.get("cache_dir"), init=cfg.get("init"))
+    env = prepare_environment(model_cfg, data, cfg.get("cache_dir"), init=cfg.get("init"))
     set_seed(cfg.trainer.seed)  # after the environment: a first feature extraction draws from the global RNG
     model = pipeline.build_run_model(env, cfg.get("init"))
     check.check_tokenizer(env.tokenizer, env.data["tokenizer"], model, cfg.get("init"))
@@ -186,7 +187,7 @@ def evaluate(cfg, overrides: Sequence[str] | None = None) -> int:
         fmt = PREDICTIONS.get(task_cfg["name"])  # an unknown format fails before any work
     data_cfg = _run_data(info["data"] if info.get("data") is not None else cfg.data, directory,
                          cfg.data.get("tokenizer"), explicit_keys(overrides))
-    env = pipeline.prepare_environment(model_cfg, data_cfg, cfg.get("cache_dir"), init=directory)
+    env = prepare_environment(model_cfg, data_cfg, cfg.get("cache_dir"), init=directory)
     if info["kind"] == "finetune":
         model = pipeline.from_pretrained(directory / "model")
         if info.get("pretraining"):  # a task that kept pre-training heads (retrieval's ITM head)
