@@ -108,9 +108,9 @@ def test_plan_settings_are_checked_naming_the_key():
 def test_dry_run_prints_flops_steps_and_gpu_hours_per_unit_without_data(capsys, tmp_path, monkeypatch):
     """The base-size plan on 8 GPUs reads no data (no feature store is extracted in an empty cache) and prints
     every unit's FLOPs per step, steps and GPU-hours, the total and the wall per executor."""
-    from vlkit.train import pipeline
+    from vlkit import environment
 
-    monkeypatch.setattr(pipeline, "shapes_feature_store", lambda *a, **k: pytest.fail("the plan extracted features"))
+    monkeypatch.setattr(environment, "shapes_feature_store", lambda *a, **k: pytest.fail("the plan extracted features"))
     start = time.perf_counter()
     assert main(["compare", "compare=base", "dry_run=true", "compare.gpus_per_unit=8", "compare.plan.device=h100",
                  "compare.seeds=[0]", "compare.tasks=[vqa]", f"cache_dir={tmp_path}", "progress=false"]) == 0
