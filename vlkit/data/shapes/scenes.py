@@ -1,5 +1,5 @@
-"""The shapes world's scenes: the object vocabulary (kinds, colours, sizes), scene generation from
-``(seed, index)`` and the renderer."""
+"""The shapes world's scenes: scene generation from ``(seed, index)`` over the object vocabulary
+(`vlkit.shapes_vocabulary`: kinds, colours, sizes) and the renderer."""
 from __future__ import annotations
 
 import io
@@ -10,17 +10,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
-KINDS: tuple[str, ...] = ("circle", "square", "triangle", "diamond", "cross")
-COLORS: tuple[str, ...] = ("red", "orange", "yellow", "green", "cyan", "blue", "purple")
-SIZES: tuple[str, ...] = ("small", "medium", "large")
-OBJECT_CLASSES: tuple[str, ...] = ("__background__",) + KINDS
-ATTRIBUTES: tuple[str, ...] = ("__no_attribute__",) + COLORS + SIZES
-SPLITS: tuple[str, ...] = ("train", "val", "test")
+from vlkit.shapes_vocabulary import ATTRIBUTES, COLORS, KINDS, OBJECT_CLASSES, PALETTE, SIZES
 
-PALETTE: dict[str, tuple[int, int, int]] = {
-    "red": (220, 40, 40), "orange": (245, 140, 20), "yellow": (240, 220, 40), "green": (40, 180, 60),
-    "cyan": (40, 210, 220), "blue": (40, 80, 230), "purple": (150, 60, 200),
-}
+SPLITS: tuple[str, ...] = ("train", "val", "test")
 # Side of a shape's square box in pixels at 128 px images, per size class (inclusive ranges).
 _EXTENTS = {"small": (14, 20), "medium": (24, 32), "large": (38, 48)}
 _BASE_SIZE = 128

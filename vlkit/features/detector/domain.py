@@ -1,7 +1,7 @@
 """What the shipped shapes detector knows, and a cheap check that images look like it.
 
 The shapes detector (``detector=shapes``) was trained on the shapes world only: shapes of 5 kinds in 7 flat colours
-(`vlkit.data.shapes.PALETTE`) on a dark grey background. On other images (photos, other colours, other shapes) its
+(`vlkit.shapes_vocabulary.PALETTE`) on a dark grey background. On other images (photos, other colours, other shapes) its
 regions carry little: the region families answered colour questions of another shapes data set at 47-55% where
 METER on pixels reached 100% (issue 43). `check_detector` samples a few images and says so before extraction.
 """
@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from vlkit.data.shapes.scenes import PALETTE
+from vlkit.shapes_vocabulary import PALETTE
 from vlkit.validate import DataError, first, rgb_array, sample_evenly
 
 log = logging.getLogger(__name__)

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from torchvision.ops import FrozenBatchNorm2d, roi_pool
 
 from vlkit.features.detector.boxes import butd_select, cell_anchors, class_nms, clip_boxes, decode_boxes, grid_anchors, legacy_nms
+from vlkit.shapes_vocabulary import ATTRIBUTES, OBJECT_CLASSES
 
 CAFFE_PIXEL_MEAN_BGR = (102.9801, 115.9465, 122.7717)
 
@@ -91,13 +92,13 @@ class DetectorConfig:
 
 PRESETS: dict[str, dict[str, Any]] = {
     "butd_r101": {},
-    # trained by scripts/train_shapes_detector.py; classes / attributes are vlkit.data.shapes'
+    # trained by scripts/train_shapes_detector.py; classes / attributes are the shapes world's
     # OBJECT_CLASSES (background first) and ATTRIBUTES (0 = no attribute); 128 px scenes run at 256
     "shapes": dict(
         name="shapes", block="basic", stage_blocks=(2, 2, 2, 1), stem_channels=16, res2_channels=32,
         res2_bottleneck=32, stride_in_1x1=False, norm="bn", rpn_channels=128, anchor_scales=(2, 3, 4, 6),
         rpn_pre_nms_topk=1000, rpn_post_nms_topk=100, rpn_pre_nms_topk_train=1000, rpn_post_nms_topk_train=200,
-        rpn_min_size=4.0, pooler_resolution=7, num_classes=6, num_attributes=11, attr_embed_dim=32,
+        rpn_min_size=4.0, pooler_resolution=7, num_classes=len(OBJECT_CLASSES), num_attributes=len(ATTRIBUTES), attr_embed_dim=32,
         attr_hidden=128, bbox_reg_weights=(10.0, 10.0, 5.0, 5.0), min_size=256, max_size=256, max_boxes=36,
         rpn_batch_per_image=128, roi_batch_per_image=32,
     ),
