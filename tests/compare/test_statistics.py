@@ -142,7 +142,7 @@ def test_held_out_itm_accuracy_pairs_every_caption_with_its_image_and_another(tm
     import torch
     from torch import nn
 
-    from vlkit.compare.evaluation import itm_accuracy
+    from vlkit.tasks.probes import itm_accuracy
     from vlkit.data.pairs import ImageTextPairs
     from vlkit.data.shapes import shapes_tokenizer
 

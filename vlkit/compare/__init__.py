@@ -20,8 +20,8 @@ SLURM through submitit, Ray); the report is always rebuilt from those folders (`
 Modules, by role:
 - the plan of units: `config` (runs, task configs), `comparison` (`Comparison`: every unit, its trainer, folder and
   identity), `units` (a unit and its state on disk);
-- the work of a unit: `unit_work` (pre-train or fine-tune one unit), `evaluation` (ITM accuracy, zero-shot
-  retrieval, latency), `worker` (a unit in the process an executor started);
+- the work of a unit: `unit_work` (pre-train or fine-tune one unit, with the probes of `vlkit.tasks.probes`: ITM
+  accuracy, zero-shot retrieval, latency), `worker` (a unit in the process an executor started);
 - the scheduler: `scheduler` (this session's units on the executor, look after look), `looks` (seeds until
   decided), `executor_base` (the executor contract) and `executors` (local, SLURM, Ray);
 - the command: `command` (`vlkit compare`, `vlkit compare-report`, the plan file), `records` (what finished

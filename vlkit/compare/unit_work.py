@@ -12,9 +12,9 @@ import torch
 
 from vlkit.compare.comparison import Comparison
 from vlkit.compare.config import RunSpec, objective_mix
-from vlkit.compare.evaluation import inference_latency, itm_accuracy, zero_shot_retrieval
 from vlkit.compare.units import Unit, digest
 from vlkit.environment import Environment
+from vlkit.tasks.probes import inference_latency, itm_accuracy, zero_shot_retrieval
 from vlkit.train import pipeline
 
 

@@ -1,12 +1,14 @@
-"""What a comparison measures of a trained model besides its tasks' metrics: the held-out matching accuracy
-of a pre-training (`itm_accuracy`), its zero-shot retrieval (`zero_shot_retrieval`) and the inference
-latency of a fine-tuned model (`inference_latency`)."""
+"""Probes of a trained model besides its tasks' metrics: the held-out matching accuracy of a pre-training
+(`itm_accuracy`), its zero-shot retrieval (`zero_shot_retrieval`) and the inference latency of a fine-tuned
+model (`inference_latency`). `vlkit compare` reports them beside each run's task metrics."""
 from __future__ import annotations
 
 import time
 from typing import Any
 
 import torch
+
+from vlkit.registry import TASKS
 
 TEXT_SIDE = ("id", "input_ids", "attention_mask", "targets")  # the keys of an example that are not its image
 
@@ -65,8 +67,6 @@ def itm_accuracy(pre: Any, pairs: Any, limit: int = 2000, batch_size: int = 128,
 def zero_shot_retrieval(pre: Any, task_cfg: dict[str, Any], data: Any, split: str) -> dict[str, float]:
     """Zero-shot retrieval metrics (``zs_<metric>``) of a pre-training on ``split`` of the retrieval task's
     ``data``, scored by the objective of its mix that offers a matching score (ITM)."""
-    from vlkit.registry import TASKS
-
     options = {k: v for k, v in (task_cfg.get("options") or {}).items() if k in ("eval_mode", "rerank_k", "prerank_ridge")}
     task = TASKS.get("retrieval").zero_shot(pre, **options, **data.options)
     raw = task.evaluate(data.eval[split], batch_size=task_cfg.get("eval_batch_size", 64))
