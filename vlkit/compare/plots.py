@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from vlkit.compare.records import POINTS
 from vlkit.train import pipeline
 
 
@@ -30,7 +31,7 @@ def _colours(names: list[str]) -> dict[str, Any]:
 LINESTYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))  # one per seed of a run
 
 
-def confidence_bar(mean: float, ci: float, low: float = 0.0, high: float = 100.0) -> tuple[float, float]:
+def confidence_bar(mean: float, ci: float, low: float = 0.0, high: float = POINTS) -> tuple[float, float]:
     """(length below, length above) ``mean`` of its 95% CI ``mean ± ci`` clipped to the metric's range
     [``low``, ``high``]; an undefined CI (one seed) has none."""
     ci = ci if math.isfinite(ci) else 0.0
@@ -38,7 +39,7 @@ def confidence_bar(mean: float, ci: float, low: float = 0.0, high: float = 100.0
 
 
 def metrics_figure(rows: list[dict[str, Any]], metrics: list[str], chance: dict[str, float], title: str = ""):
-    """Bars (mean, points) with 95% CIs clipped to [0, 100] (`confidence_bar`); a metric a row lacks gets no bar
+    """Bars (mean, points: a record's fractions times `POINTS`) with 95% CIs clipped to [0, 100] (`confidence_bar`); a metric a row lacks gets no bar
     (not a zero); a dashed line per metric at its chance level. None when there is nothing to show."""
     plt = _pyplot()
     shown = [m for m in metrics if m != "meta_sum"]  # Meta-Sum is a sum of points, not in [0, 100]
@@ -52,8 +53,8 @@ def metrics_figure(rows: list[dict[str, Any]], metrics: list[str], chance: dict[
         for j, m in enumerate(shown):
             if m not in row:
                 continue
-            mean = 100 * row[m]["mean"]
-            down, up = confidence_bar(mean, 100 * row[m]["ci95"])
+            mean = POINTS * row[m]["mean"]
+            down, up = confidence_bar(mean, POINTS * row[m]["ci95"])
             xs.append(j + (i - (len(rows) - 1) / 2) * width)
             means.append(mean)
             below.append(down)
@@ -63,7 +64,7 @@ def metrics_figure(rows: list[dict[str, Any]], metrics: list[str], chance: dict[
                alpha=0.45 if scratch else 1, hatch="//" if scratch else None, label=f"{row['run']} ({row['variant']})")
     for j, m in enumerate(shown):
         if m in chance:
-            ax.hlines(100 * chance[m], j - 0.45, j + 0.45, colors="black", linestyles="dashed", linewidth=1,
+            ax.hlines(POINTS * chance[m], j - 0.45, j + 0.45, colors="black", linestyles="dashed", linewidth=1,
                       label="chance / trivial baseline" if j == next(k for k, x in enumerate(shown) if x in chance) else None)
     ax.set_xticks(range(len(shown)))
     ax.set_xticklabels(shown)

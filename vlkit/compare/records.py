@@ -9,6 +9,9 @@ from vlkit.compare.config import mix_label
 from vlkit.compare.statistics import machine_summary
 from vlkit.compare.units import Unit, UnitFolder, digest, status
 
+POINTS = 100.0  # a record holds every metric as a fraction (Meta-Sum too); tables and plots show points
+UNITS = "fraction"  # named in results.json and results.csv
+
 
 def unit_states(comparison: Comparison) -> list[tuple[str, str, dict[str, Any] | None]]:
     """(key, status, state) of every unit of the comparison, in start order (see `units.status`; a unit that

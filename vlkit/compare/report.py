@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vlkit.compare.plots import plot_results
+from vlkit.compare.records import POINTS, UNITS
 from vlkit.compare.statistics import (ALPHA, COSTS, HEADLINE, VQA_ANSWER_TYPES, baseline_key, chance_levels,
                                       detectable_effects, pairwise_tests, scratch_tests, summarize)
 from vlkit.io import clean_json, dump_json
@@ -17,10 +18,6 @@ from vlkit.runtime import GEMM_PROBE
 
 COST_LABELS = {"params": "params", "train_samples_per_s": "train samples/s", "latency_ms": "latency ms/ex",
                "wall_s": "wall s"}
-
-
-POINTS = 100.0  # records hold every metric as a fraction (Meta-Sum too); tables show points
-UNITS = "fraction"  # named in results.json and results.csv
 
 
 def _num(value: float, digits: int = 1) -> str:
