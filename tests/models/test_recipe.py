@@ -1,7 +1,10 @@
 """Issue 45 item 2: a family's recipe (mix, objective defaults, trainer preset, tokenizer, RefExp rule, released
 files and weights) is registered beside its model file and read by the callers; the model class keeps the
-architecture, and its optional hooks are declared and checked when the family registers."""
+architecture, and its optional hooks are declared and checked when the family registers. Issue 52: a trainer
+preset key that is no trainer setting is refused when the recipe registers, naming the family."""
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -9,9 +12,10 @@ from torch import nn
 
 import vlkit
 from vlkit.models.base import BertStreamConfig, VLModel
-from vlkit.models.recipe import RECIPES, Recipe, recipe_of, register_recipe
+from vlkit.models.recipe import RECIPES, Recipe, recipe_of, register_recipe, trainer_settings
 from vlkit.registry import MODELS, RegistrationError
 from vlkit.released import PRETRAINED, RELEASED_FILES, PretrainedWeights, ReleasedFile
+from vlkit.train import TrainerConfig
 
 FAMILIES = ("vilbert", "uniter", "meter")
 
@@ -71,6 +75,8 @@ def test_a_class_that_declares_its_recipe_the_older_way_still_gets_it():
     (Recipe(released=(ReleasedFile("y.bin", "newfam", "w", "u", "o"),),
             pretrained=(PretrainedWeights("newfam", "base.x", "x.bin", "w"),)), "which the recipe does not release"),
     (Recipe(refexp="plus_one"), "refexp='plus_one'"),
+    (Recipe(trainer_preset={"lr": 1e-4, "warmpu": 0.1}), "trainer_preset key 'warmpu' is not a trainer setting (did "
+                                                         "you mean 'warmup'?)"),
 ])
 def test_a_recipe_is_checked_when_it_registers(recipe, problem):
     with pytest.raises(RegistrationError, match="recipe of 'newfam'") as err:
@@ -125,3 +131,11 @@ def test_the_word_embeddings_default_names_what_to_override():
     model.embeddings = nn.Module()
     model.embeddings.word_embeddings = nn.Embedding(7, 2)
     assert model.vocab_size == 7 and isinstance(model.get_input_embeddings().weight, torch.Tensor)
+
+
+def test_the_trainer_settings_a_recipe_may_set_are_the_trainer_configs():
+    """`trainer_settings` reads ``conf/trainer/default.yaml`` (the trainer's room is above the recipes'): it lists
+    every field of `TrainerConfig` and nothing else, and every built-in preset sets only those."""
+    assert trainer_settings() == {f.name for f in dataclasses.fields(TrainerConfig)}
+    for family in FAMILIES:
+        assert set(RECIPES.get(family).trainer_preset) <= trainer_settings()

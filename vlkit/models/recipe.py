@@ -1,13 +1,21 @@
 """A family's recipe: what its official code does with the architecture, kept beside the model file and out of
 the model class. `register_recipe("uniter", Recipe(...))` files it in `RECIPES` (keyed by family) and its
 released files and named weights in `vlkit.released`; the commands, objectives, trainer presets, the RefExp
-task and the converters read it with `recipe_of`."""
+task and the converters read it with `recipe_of`.
+
+A recipe is checked when it registers (`Recipe.check_contract`): its trainer preset's keys against the trainer's
+settings, as ``conf/trainer/default.yaml`` lists them (the mirror of `vlkit.train.TrainerConfig` the command line
+composes; the trainer's room is above this one), so that a misspelt key is refused naming the family, not met by
+every command later. The values, and the objective defaults against the objectives' options, are checked by the
+family contract (`vlkit.testing.FamilyContract`), which may build what they belong to."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from vlkit.registry import Registry, RegistrationError
+from vlkit.io import config_dir, read_yaml
+from vlkit.registry import MODELS, Registry, RegistrationError, did_you_mean
 from vlkit.released import PretrainedWeights, ReleasedFile, register_pretrained, register_released_file
 
 RECIPES = Registry("recipe", home="vlkit.models")
@@ -47,19 +55,30 @@ class Recipe:
 
     def check_contract(self, family: str) -> None:
         """Refuse (`RegistrationError`, naming the family and each problem) a recipe whose released files or named
-        weights belong to another family, or whose RefExp rule is not a (box convention, comparison) pair."""
+        weights belong to another family, whose trainer preset sets a key that is no trainer setting
+        (`trainer_settings`), or whose RefExp rule is not a (box convention, comparison) pair."""
         problems = [f"released file {f.name!r} is declared for family {f.family!r}" for f in self.released
                     if f.family != family]
         problems += [f"pretrained weights {w.name!r} belong to family {w.family!r}" for w in self.pretrained
                      if w.family != family]
         problems += [f"pretrained weights {w.name!r} name the file {w.file!r}, which the recipe does not release"
                      for w in self.pretrained if self.released and w.file not in {f.name for f in self.released}]
+        unknown = sorted(set(self.trainer_preset) - trainer_settings())
+        problems += [f"trainer_preset key {key!r} is not a trainer setting{did_you_mean(key, trainer_settings())}"
+                     for key in unknown]
         if self.refexp is not None and not (isinstance(self.refexp, tuple) and len(self.refexp) == 2
                                             and all(isinstance(x, str) for x in self.refexp)):
             problems.append(f"refexp={self.refexp!r}; give (box convention, comparison), e.g. ('continuous', '>=')")
         if problems:
             raise RegistrationError(f"recipe of {family!r} (vlkit.models.recipe.Recipe.check_contract): "
                                     + "; ".join(problems))
+
+
+@functools.cache
+def trainer_settings() -> frozenset[str]:
+    """The keys a trainer preset may set: those of ``conf/trainer/default.yaml``, which mirrors
+    `vlkit.train.TrainerConfig` (tests/models/test_recipe.py holds the two equal)."""
+    return frozenset(read_yaml(config_dir() / "trainer" / "default.yaml", "trainer defaults"))
 
 
 def register_recipe(family: str, recipe: Recipe, override: bool = False) -> Recipe:
@@ -88,8 +107,6 @@ def recipe_of(model: Any) -> Recipe:
     if family in RECIPES:
         return RECIPES.get(family)
     if cls is None:
-        from vlkit.registry import MODELS
-
         cls = MODELS.get(family)
     declared = {key: getattr(cls, attr) for key, attr in _CLASS_FIELDS.items() if hasattr(cls, attr)}
     return Recipe(**declared)
