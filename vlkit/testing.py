@@ -11,8 +11,12 @@ of `vlkit.models.base.VLModel` on its `example_batch`: the declaration (`VLModel
 data decides, the config's presets), forward equals ``fuse`` of the cached encodings (re-paired too), padding
 leaves the real positions alone, the save / load round trip gives identical outputs, every head the family
 offers for every task it can serve builds, computes a finite loss on the task's example batch and backprops, and
-the family's own pre-training mix (its recipe's ``mix``) does the same with each of its objectives. The checks are
-plain ``assert`` statements (no pytest import), each naming the family, task or objective at fault.
+the family's own pre-training mix (its recipe's ``mix``) does the same with each of its objectives. Its recipe is
+checked by the owners of its keys (the trainer preset by `vlkit.train.TrainerConfig`, the objective defaults by
+the objectives they set), a family that declares ``keeps_rows`` computes the kept positions exactly, and a training
+step of its mix is counted in FLOPs on the meta device (`vlkit.compare.flops`, what a comparison's plan counts),
+equal to the count of the same step computed. The checks are plain ``assert`` statements (no pytest import), each
+naming the family, task or objective at fault.
 """
 from __future__ import annotations
 
@@ -25,11 +29,13 @@ from typing import Any, ClassVar
 
 import torch
 
+from vlkit.compare.flops import StepShapes, on_meta, pretrain_step_flops
 from vlkit.models.base import CONFIG_NAME, DATA_SIZES, WEIGHTS_NAME, VLModel, build_model, from_pretrained
 from vlkit.models.recipe import recipe_of
-from vlkit.objectives.mix import build_pretraining
+from vlkit.objectives.mix import build_objective, build_pretraining
 from vlkit.registry import HEADS, MODELS, TASKS
 from vlkit.tasks import IncompatibleTask, build_task
+from vlkit.train.trainer import TrainerConfig, TrainerConfigError
 from vlkit.types import VLBatch, VLOutput
 
 OUTPUTS = ("text_states", "image_states", "text_pooled", "image_pooled", "joint")
@@ -162,6 +168,31 @@ class FamilyContract:
             diff = (a - b).abs().max().item()
             assert diff <= self.atol, f"{self.family}: padding changes the real positions' {name} by {diff:.3g}"
 
+    def test_keep_rows_computes_the_kept_positions_exactly(self) -> None:
+        """A family that declares ``keeps_rows``: ``fuse(keep_rows=...)`` gives the kept token and image positions and
+        the joint vector of the full fusion (the pre-training mixture computes only the rows its objectives read)."""
+        model = self.build()
+        if not model.keeps_rows:
+            return  # the declaration matches fuse's signature: test_declares_the_contract
+        batch = self.example_batch(model, seed=2)
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            text, image = model.encode_text(batch), model.encode_image(batch)
+            full = model.fuse(text, image)
+            off = model.image_offset
+            keep_t = torch.rand(text.mask.shape, generator=generator) < 0.3
+            keep_i = torch.rand((text.mask.shape[0], image.states.shape[1] - off), generator=generator) < 0.3
+            kept = model.fuse(text, image, keep_rows=(keep_t, keep_i))
+        real_t, real_i = keep_t & text.mask.bool(), keep_i & image.mask[:, off:].bool()
+        for name, a, b in (("joint", kept.joint, full.joint),
+                           ("text_states", kept.text_states[real_t], full.text_states[real_t]),
+                           ("image_states", kept.image_states[:, off:][real_i], full.image_states[:, off:][real_i])):
+            diff = (a - b).abs().max().item() if a.numel() else 0.0
+            assert diff <= self.atol, f"{self.family}: fuse(keep_rows=...) changes the kept {name} by {diff:.3g}"
+        for name in ("text_states", "image_states"):
+            assert getattr(kept, name).shape == getattr(full, name).shape, \
+                f"{self.family}: fuse(keep_rows=...) gives {name} of another shape"
+
     # -- persistence -----------------------------------------------------------------------------
     def test_save_and_load_round_trip(self) -> None:
         model = self.build()
@@ -175,6 +206,22 @@ class FamilyContract:
             f"{self.family}: from_pretrained gives {type(loaded).__name__} {loaded.config_to_save()}"
         with torch.no_grad():
             self.assert_outputs_close(loaded(batch), model(batch), "save_pretrained / from_pretrained", 0.0)
+
+    # -- its recipe ------------------------------------------------------------------------------
+    def test_recipe_keys_belong_to_their_owners(self) -> None:
+        """Its recipe's trainer preset is a `TrainerConfig` (keys and values), and each objective it gives defaults
+        builds on the family with them (a registered objective, options it takes)."""
+        recipe = recipe_of(self.model_class)
+        try:
+            TrainerConfig.from_cfg(dict(recipe.trainer_preset))
+        except TrainerConfigError as err:
+            raise AssertionError(f"{self.family}: its recipe's trainer_preset: {err}") from None
+        model = self.build()
+        for name in recipe.objective_defaults:
+            try:
+                build_objective(name, model)
+            except (LookupError, TypeError, ValueError) as err:
+                raise AssertionError(f"{self.family}: its recipe's objective_defaults[{name!r}]: {err}") from None
 
     # -- what the commands build on the family ---------------------------------------------------
     def test_every_task_head_trains(self) -> None:
@@ -209,3 +256,16 @@ class FamilyContract:
         missing = [u.name for u in pre.units if f"objective/{u.name}" not in out.metrics]
         assert not missing, f"{self.family}: its recipe's mix: objectives {', '.join(missing)} computed no loss"
         self.assert_finite_backward(out.loss, pre, "its recipe's mix")
+
+    def test_a_training_step_is_counted_on_the_meta_device(self) -> None:
+        """A step of its recipe's mix, counted in FLOPs on the meta device without computing (what a comparison's
+        plan does with every unit), equals torch's count of the same step computed (within 1%), per objective."""
+        mix = recipe_of(self.model_class).mix
+        shapes = StepShapes(self.batch_size, self.text_len, self.num_regions)
+        counted = pretrain_step_flops(on_meta(lambda: build_pretraining(self.build(), mix)), shapes)
+        computed = pretrain_step_flops(build_pretraining(self.build(), mix), shapes, values=True)
+        assert counted["per_step"] > 0, f"{self.family}: a training step of its mix counts no FLOPs"
+        for name, flops in computed["per_objective"].items():
+            got = counted["per_objective"].get(name)
+            assert got is not None and abs(got - flops) <= 0.01 * flops, \
+                f"{self.family}: a step of {name} counts {got} FLOPs on the meta device, {flops} computed"
