@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
+from vlkit.io import sha256_file
+
 _CACHE: dict[str, tuple[int, int, str]] = {}  # absolute path -> (size, mtime_ns, sha256)
 
 
@@ -26,8 +28,6 @@ def _stat(path: Path) -> tuple[int, int]:
 
 def file_digest(path: str | os.PathLike) -> str:
     """The hex sha256 of a file's bytes, computed once per (path, size, mtime_ns)."""
-    from vlkit.io import sha256_file
-
     path = Path(path).absolute()
     size, mtime = _stat(path)
     cached = _CACHE.get(str(path))

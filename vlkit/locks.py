@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from vlkit.runtime import process_started
+
 START_TOLERANCE_S = 2.0  # two readings of one process's start differ by clock ticks (psutil: up to 1 s)
 
 
@@ -55,8 +57,6 @@ def _read(lock: Path) -> tuple[dict[str, Any] | None, bytes]:
 def holder_alive(record: dict[str, Any]) -> bool:
     """Whether the process a lock names still runs: on another host it is taken to (this host cannot tell);
     here, when a process of its pid exists and started when the lock says (not a reused pid)."""
-    from vlkit.runtime import process_started
-
     if record.get("host") != socket.gethostname():
         return True
     try:
@@ -103,8 +103,6 @@ def _made_parents(path: Path) -> list[Path]:
 
 def acquire(path: str | os.PathLike, key: str = "output_dir", command: str = "") -> dict[str, Any]:
     """Take the lock of ``path`` for this process (`FolderInUse` when a live writer holds it); returns its record."""
-    from vlkit.runtime import process_started
-
     lock = lock_path(path)
     record = {"pid": os.getpid(), "host": socket.gethostname(), "started": process_started(), "since": time.time(),
               "command": command, "path": str(Path(path).absolute()), "token": secrets.token_hex(8)}

@@ -17,7 +17,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vlkit.registry import Registry
+from vlkit.io import sha256_file
+from vlkit.registry import Registry, UnknownNameError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,6 @@ def pretrained_dir() -> Path:
 
 def pretrained_weights(family: str, tag: str) -> PretrainedWeights:
     """The named release ``<family>/<tag>`` (an unknown tag lists the family's)."""
-    from vlkit.registry import UnknownNameError, did_you_mean
-
     name = f"{family}/{tag}"
     if name not in PRETRAINED:
         tags = [n.split("/", 1)[1] for n in PRETRAINED.names() if n.startswith(f"{family}/")]
@@ -138,8 +137,6 @@ def known_file(name: str) -> ReleasedFile | None:
 def check_released(path: str | os.PathLike, what: str = "file") -> Path:
     """``path`` if it exists, is not empty and, when its name is a known release with a published size or
     sha256, has them; otherwise `ValueError` (`FileNotFoundError` when absent) naming the path."""
-    from vlkit.io import sha256_file
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: {what} not found")

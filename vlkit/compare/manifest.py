@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from vlkit.io import atomic_write_text, dump_json, sha256_file
+from vlkit.version import __version__
 
 PACKAGES = ("torch", "torchvision", "transformers", "timm", "accelerate", "hydra-core", "datasets", "h5py", "pot",
             "safetensors", "numpy")
@@ -16,8 +17,6 @@ PACKAGES = ("torch", "torchvision", "transformers", "timm", "accelerate", "hydra
 
 def package_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
-
-    from vlkit.version import __version__
 
     out = {"vlkit": __version__, "python": platform.python_version()}
     for name in PACKAGES:

@@ -14,8 +14,10 @@ from vlkit.compare.comparison import Comparison
 from vlkit.compare.config import RunSpec, objective_mix
 from vlkit.compare.units import Unit, digest
 from vlkit.environment import Environment
+from vlkit.registry import DATASETS, TASKS
 from vlkit.tasks.probes import inference_latency, itm_accuracy, zero_shot_retrieval
 from vlkit.train import pipeline
+from vlkit.train.trainer import read_metrics
 
 
 class UnitWork:
@@ -33,8 +35,6 @@ class UnitWork:
     def pretrain(self, unit: Unit) -> dict[str, Any]:
         """Pre-train a run at a seed (saved for its fine-tunings), then score held-out ITM and zero-shot retrieval."""
         from accelerate.utils import set_seed
-
-        from vlkit.train.trainer import read_metrics
 
         comparison, spec, seed = self.comparison, self.comparison.specs[unit.run], unit.seed
         env = comparison.environment(spec)
@@ -70,15 +70,11 @@ class UnitWork:
         env = self.comparison.environment(spec)
         key = json.dumps(env.data, sort_keys=True, default=str)
         if key not in self._eval_pairs:
-            from vlkit.registry import DATASETS
-
             self._eval_pairs[key] = DATASETS.get(env.data["name"])({**env.data, "split": self.compare.get("eval_split", "val")})
         return self._eval_pairs[key]
 
     def task_data(self, env: Environment, task_cfg: dict[str, Any]) -> Any:
         """A task's data on ``env``, built once per process and shared by its fine-tunings."""
-        from vlkit.registry import TASKS
-
         key = json.dumps([id(env), task_cfg], sort_keys=True, default=str)
         if key not in self._task_data:
             self._task_data[key] = TASKS.get(task_cfg["name"]).build_data(task_cfg, env.tokenizer, env.image_source,

@@ -18,17 +18,20 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from vlkit.compare.account import heartbeat_s, latest_session
+from vlkit.compare.comparison import Comparison
+from vlkit.compare.config import unit_threads
+from vlkit.compare.unit_work import UnitWork
+from vlkit.compare.units import LOG_FILE, PLAN_DAMAGED, UnitFolder, config_hash
+from vlkit.digests import remember
+from vlkit.io import read_json
+from vlkit.runtime import every, gemm_gflops, watched_exited
+
 _WORK: dict[str, Any] = {}  # plan path -> UnitWork: environments and task data cached per process
 
 
 def work_of(plan_path: str | Path) -> Any:
     """The `vlkit.compare.unit_work.UnitWork` of the comparison planned in ``plan_path``, built once per process."""
-    from vlkit.compare.comparison import Comparison
-    from vlkit.compare.unit_work import UnitWork
-    from vlkit.compare.units import PLAN_DAMAGED
-    from vlkit.digests import remember
-    from vlkit.io import read_json
-
     plan_path = str(Path(plan_path).resolve())
     if plan_path not in _WORK:
         plan = read_json(plan_path, PLAN_DAMAGED)
@@ -82,8 +85,6 @@ def machine_speed() -> dict[str, Any]:
 
     import torch
 
-    from vlkit.runtime import gemm_gflops
-
     threads, now = torch.get_num_threads(), time.monotonic()
     if threads not in _PROBES or now - _PROBES[threads][0] >= PROBE_REUSE_S:
         _PROBES[threads] = (now, round(gemm_gflops(), 1))
@@ -94,11 +95,6 @@ def machine_speed() -> dict[str, Any]:
 def run_job(plan_path: str | Path, key: str) -> dict[str, Any]:
     """Run unit ``key`` of the comparison planned in ``plan_path`` here; see the module docstring."""
     import torch
-
-    from vlkit.compare.account import heartbeat_s, latest_session
-    from vlkit.compare.config import unit_threads
-    from vlkit.compare.units import LOG_FILE, UnitFolder, config_hash
-    from vlkit.runtime import every, watched_exited
 
     work = work_of(plan_path)
     comparison = work.comparison

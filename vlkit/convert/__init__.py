@@ -20,14 +20,18 @@ from typing import Any, Mapping
 from torch import nn
 
 from vlkit.convert.official import (MODEL, PRETRAINING, ConversionError, OfficialConverter, OfficialReport, Source,
-                                    detect_family, describe_family, read_official)
+                                    describe_family, detect_family, read_official)
+from vlkit.data.tokenizers import save_tokenizer
+from vlkit.io import atomic_write_text
+from vlkit.models.base import VLModel
+from vlkit.objectives.mix import Pretraining
+from vlkit.registry import CONVERTERS, UnknownNameError
+from vlkit.runs import RUN_INFO, save_run
 
 
 def converter(family: str) -> OfficialConverter:
     """The official-checkpoint converter of ``family``: a built-in one (``vilbert``, ``uniter``, ``meter``) or
     one a plugin registered with `vlkit.register_converter`."""
-    from vlkit.registry import CONVERTERS, UnknownNameError
-
     try:
         return CONVERTERS.get(family)()
     except UnknownNameError as err:
@@ -58,8 +62,6 @@ def from_official(family: str | None, checkpoint: str | os.PathLike | Mapping[st
     """
     state, meta, name = read_official(checkpoint)
     if family is None:
-        from vlkit.registry import CONVERTERS
-
         family = detect_family(list(state))
         if family not in CONVERTERS:
             raise ConversionError(f"{name}: no registered converter recognises its keys: it looks like "
@@ -76,12 +78,6 @@ def save_converted(module: nn.Module, report: OfficialReport, directory: str | o
     ``run.json`` (with the official tokenizer's name: what ``finetune init=`` / ``evaluate checkpoint=`` use without
     ``tokenizer/`` unless ``data.tokenizer`` is given), which
     `vlkit.from_pretrained`, ``vlkit finetune init=`` and ``vlkit evaluate checkpoint=`` read."""
-    from vlkit.data.tokenizers import save_tokenizer
-    from vlkit.io import atomic_write_text
-    from vlkit.models.base import VLModel
-    from vlkit.objectives.mix import Pretraining
-    from vlkit.runs import RUN_INFO, save_run
-
     directory = Path(directory)
     converted = {"source": report.source, "family": report.family, "kind": report.kind,
                  "unused": report.unused, "transformed": report.transformed, "cast": len(report.cast)}

@@ -5,14 +5,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vlkit.config import plain
+from vlkit.data.tokenizers import TokenizerError, build_tokenizer
+from vlkit.io import atomic_directory, refuse_overwrite, safe_pickle_load
+from vlkit.models.base import VLModel
+from vlkit.released import PRETRAINED, check_released
+
 
 def read_answers(path: str | Path) -> list[str]:
     """VQA answer strings in label order from a JSON list, or a JSON / pickle ``{answer: label}`` map or
     ``[answer, ...]`` list (the official ``ans2label`` / ``label2ans`` files; pickles through the restricted
     unpickler)."""
-    from vlkit.released import check_released
-    from vlkit.io import safe_pickle_load
-
     path = check_released(path, "answers file")
     try:
         values: Any = json.loads(path.read_text()) if path.suffix == ".json" else safe_pickle_load(path)
@@ -33,15 +36,9 @@ def convert(cfg) -> int:
     directory ``dst`` (with ``tokenizer``'s files); ``pretrained=<family>/<tag>`` gives the family, the task and
     ``dst`` of a named release (`vlkit.released.PRETRAINED`)."""
     from vlkit.convert import from_official, save_converted
-    from vlkit.data.tokenizers import TokenizerError, build_tokenizer
-    from vlkit.io import atomic_directory, refuse_overwrite
-    from vlkit.models.base import VLModel
-    from vlkit.config import plain
 
     family, task, dst = cfg.family, cfg.task, cfg.dst
     if cfg.get("pretrained"):
-        from vlkit.released import PRETRAINED
-
         entry = PRETRAINED.get(cfg.pretrained)
         if family is not None and family != entry.family:
             raise ValueError(f"family={family} conflicts with pretrained={entry.name} (a {entry.family} release)")

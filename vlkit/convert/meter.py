@@ -20,7 +20,13 @@ from torch import Tensor, nn
 
 from vlkit.convert.official import (MODEL, PRETRAINING, ConversionError, OfficialConverter, OfficialReport, Source,
                                     agree, count_indexed, pretraining_mix, require)
+from vlkit.models.embeddings import interpolate_pos_embed
+from vlkit.models.encoders import CLIP_BLOCK_TO_TIMM, CLIP_VISUAL_TO_TIMM
+from vlkit.models.meter import ROBERTA_BASE, MeterConfig
+from vlkit.objectives import build_objective
+from vlkit.objectives.mix import build_pretraining
 from vlkit.registry import register_converter
+from vlkit.tasks import build_task
 
 # what vlkit reads from METER's config (meter/config.py names) and its own extra keys
 CONFIG_KEYS = ("vit", "image_size", "patch_size", "tokenizer", "num_top_layer", "hidden_size", "num_heads",
@@ -62,7 +68,6 @@ def _text_config(state: dict[str, Tensor], c: dict[str, Any], name: str) -> tupl
     types_ = require(state, "text_transformer.embeddings.token_type_embeddings.weight", name).shape[0]
     tokenizer = str(c.get("tokenizer") or ("roberta-base" if types_ == 1 else "bert-base-uncased"))
     model_type = "roberta" if "roberta" in tokenizer else "bert"
-    from vlkit.models.meter import ROBERTA_BASE
 
     text = {**(ROBERTA_BASE if model_type == "roberta" else BERT_BASE)}
     given = dict(c.get("text_config") or {})
@@ -145,8 +150,6 @@ class MeterConverter(OfficialConverter):
     }
 
     def model_config(self, state: dict[str, Tensor], config: dict[str, Any], meta: dict[str, Any], name: str):
-        from vlkit.models.meter import MeterConfig
-
         c = _meter_config(config, meta, name)
         model_type, text = _text_config(state, c, name)
         vision = _vision_config(state, c, name)
@@ -172,10 +175,6 @@ class MeterConverter(OfficialConverter):
                            num_image_token_types=require(state, "token_type_embeddings.weight", name).shape[0], **vision)
 
     def build(self, model: nn.Module, kind: str, state: dict[str, Tensor], options: dict[str, Any]) -> nn.Module:
-        from vlkit.objectives import build_objective
-        from vlkit.objectives.mix import build_pretraining
-        from vlkit.tasks import build_task
-
         if kind == MODEL:
             return model
         if kind == PRETRAINING:
@@ -194,7 +193,6 @@ class MeterConverter(OfficialConverter):
         inner = key if kind == MODEL else key[len("model."):] if key.startswith("model.") else None
         if inner is None or not inner.startswith("vit_model."):
             return super().source(key, kind, state)
-        from vlkit.models.encoders import CLIP_BLOCK_TO_TIMM, CLIP_VISUAL_TO_TIMM
 
         name = inner[len("vit_model."):]
         if "vit_model.visual.conv1.weight" in state:  # timm names -> OpenAI CLIP names
@@ -214,8 +212,6 @@ class MeterConverter(OfficialConverter):
         if key.endswith("vit_model.cls_token"):
             return value.reshape(target.shape)
         if key.endswith("vit_model.pos_embed"):
-            from vlkit.models.embeddings import interpolate_pos_embed
-
             grid = math.isqrt(target.shape[1] - 1)
             if value.shape[0] != target.shape[1]:
                 report.transformed.append(f"{key}: CLIP position table {math.isqrt(value.shape[0] - 1)}^2 -> {grid}^2 "

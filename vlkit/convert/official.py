@@ -24,6 +24,10 @@ from typing import Any, Callable, ClassVar, Sequence
 import torch
 from torch import Tensor, nn
 
+from vlkit.io import UnreadableFileError, torch_load_weights
+from vlkit.models.recipe import recipe_of
+from vlkit.objectives.mix import load_mix
+from vlkit.registry import CONVERTERS, MODELS, OBJECTIVES
 from vlkit.released import ConversionReport, check_released, known_file
 
 PRETRAINING = "pretraining"
@@ -112,8 +116,6 @@ def _refusal(err: Exception) -> str:
 def _torch_load(path: Path) -> Any:
     """``torch.load(weights_only=True)`` (`vlkit.io.torch_load_weights`): tensors and plain containers only; a
     pickled class or function is refused with the name of the global the file asks for."""
-    from vlkit.io import UnreadableFileError, torch_load_weights
-
     try:
         return torch_load_weights(path, CONFIG_CONTAINERS)
     except (UnreadableFileError, OSError) as failure:
@@ -178,8 +180,6 @@ def read_official(source: str | os.PathLike | Mapping[str, Any]) -> tuple[dict[s
 def detect_family(keys: Sequence[str]) -> str | None:
     """The family (or other kind of model, `OTHER_LAYOUTS`) whose key names a state dict has, None when none
     fits: the registered converters' signatures first (`vlkit.register_converter`)."""
-    from vlkit.registry import CONVERTERS
-
     found = CONVERTERS.detect(keys)
     if found is not None:
         return found
@@ -187,8 +187,6 @@ def detect_family(keys: Sequence[str]) -> str | None:
 
 
 def describe_family(family: str | None) -> str:
-    from vlkit.registry import CONVERTERS
-
     if family in CONVERTERS:
         return CONVERTERS.description(family)
     return next((d for f, d, _ in OTHER_LAYOUTS if f == family), "nothing vlkit converts")
@@ -326,8 +324,6 @@ class OfficialConverter(abc.ABC):
                       config: Mapping[str, Any] | str | os.PathLike | None = None, task: str | None = None,
                       options: Mapping[str, Any] | None = None) -> tuple[nn.Module, OfficialReport]:
         """`convert` of a checkpoint `read_official` has read: ``(state_dict, metadata, name)``."""
-        from vlkit.registry import CONVERTERS, MODELS
-
         found = detect_family(list(state))
         if found != self.family:
             hint = f"; convert it with family={found}" if found in CONVERTERS else ""
@@ -450,10 +446,6 @@ def pretraining_mix(model: nn.Module, present: Sequence[str], extra: Mapping[str
                     options: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """The family's default objective mix restricted to the objectives whose heads the checkpoint holds
     (``present``), with ``options`` merged into theirs and ``extra`` objectives added (their heads too)."""
-    from vlkit.models.recipe import recipe_of
-    from vlkit.objectives.mix import load_mix
-    from vlkit.registry import OBJECTIVES
-
     mix = load_mix(recipe_of(model).mix)
     objectives = {}
     for name, opts in mix["objectives"].items():

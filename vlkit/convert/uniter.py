@@ -14,7 +14,11 @@ from torch import Tensor, nn
 from vlkit.convert.official import (MODEL, PRETRAINING, ConversionError, OfficialConverter, OfficialReport, Source,
                                     agree, config_fields, count_indexed, pretraining_mix, rename_legacy_layer_norm,
                                     require)
+from vlkit.models.uniter import UniterConfig
+from vlkit.objectives import build_objective
+from vlkit.objectives.mix import build_pretraining
 from vlkit.registry import register_converter
+from vlkit.tasks import build_task
 
 # config/uniter-base.json keys vlkit reads
 CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
@@ -61,8 +65,6 @@ class UniterConverter(OfficialConverter):
         return super().choose_kind(state, task, name)
 
     def model_config(self, state: dict[str, Tensor], config: dict[str, Any], meta: dict[str, Any], name: str):
-        from vlkit.models.uniter import UniterConfig
-
         v = config_fields(config, CONFIG_KEYS, IGNORED_KEYS, name)
         # NLVR2 models grow the token types to 3 after reading uniter-base.json (nlvr2.py init_type_embedding)
         v.pop("type_vocab_size", None)
@@ -91,10 +93,6 @@ class UniterConverter(OfficialConverter):
         return UniterConfig(**v)
 
     def build(self, model: nn.Module, kind: str, state: dict[str, Tensor], options: dict[str, Any]) -> nn.Module:
-        from vlkit.objectives import build_objective
-        from vlkit.objectives.mix import build_pretraining
-        from vlkit.tasks import build_task
-
         if kind == MODEL:
             return model
         if kind == PRETRAINING:

@@ -17,7 +17,10 @@ from torch import Tensor, nn
 from vlkit.convert.official import (MODEL, PRETRAINING, ConversionError, OfficialConverter, OfficialReport, Source,
                                     agree, config_fields, count_indexed, fold_weight_norm, pretraining_mix,
                                     rename_legacy_layer_norm, require)
+from vlkit.models.vilbert import ViLBERTConfig
+from vlkit.objectives.mix import build_pretraining
 from vlkit.registry import register_converter
+from vlkit.tasks import build_task
 
 # bert_base_6layer_6conect.json keys (plus BertConfig defaults) vlkit reads, and vlkit's own options
 CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
@@ -70,8 +73,6 @@ class ViLBERTConverter(OfficialConverter):
         return rename_legacy_layer_norm(state, report)
 
     def model_config(self, state: dict[str, Tensor], config: dict[str, Any], meta: dict[str, Any], name: str):
-        from vlkit.models.vilbert import ViLBERTConfig
-
         v = config_fields(config, CONFIG_KEYS, IGNORED_KEYS, name, CHECKS)
         word = require(state, "bert.embeddings.word_embeddings.weight", name)
         image = require(state, "bert.v_embeddings.image_embeddings.weight", name)
@@ -123,9 +124,6 @@ class ViLBERTConverter(OfficialConverter):
         return ViLBERTConfig(**v)
 
     def build(self, model: nn.Module, kind: str, state: dict[str, Tensor], options: dict[str, Any]) -> nn.Module:
-        from vlkit.objectives.mix import build_pretraining
-        from vlkit.tasks import build_task
-
         if kind not in (MODEL, PRETRAINING) and model.config.task_specific_tokens:
             options.setdefault("task_id", GQA_TASK_ID if kind == "gqa" else model.official_task_ids[kind])
         if kind == MODEL:

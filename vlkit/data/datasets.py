@@ -7,6 +7,7 @@ from typing import Any, Mapping
 
 from vlkit.data import formats
 from vlkit.data.pairs import ImageTextPairs, build_pairs
+from vlkit.data.shapes import shared_world
 from vlkit.registry import register_dataset
 from vlkit.validate import DataError
 
@@ -19,8 +20,6 @@ def split_list(split: Any) -> list[str]:
 @register_dataset("shapes")
 def shapes_pairs(cfg: Mapping[str, Any]) -> ImageTextPairs:
     """Captions of the embedded shapes world (5 per image) for ``cfg.split``, images rendered on the fly."""
-    from vlkit.data.shapes import shared_world
-
     world = shared_world(cfg)
     records = [{"id": f"{i}#{k}", "image_id": world.image_id(i), "caption": c}
                for split in split_list(cfg.get("split", "train")) for i in world.indices(split)

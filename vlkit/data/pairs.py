@@ -21,7 +21,7 @@ import torch
 from vlkit.data.collate import VLCollator
 from vlkit.data.images import IMAGE_ERRORS, build_image_source
 from vlkit.data.tokenizers import build_tokenizer
-from vlkit.validate import DataError, SkipLog, check_on_error, check_unique_ids
+from vlkit.validate import DataError, SkipLog, check_on_error, check_unique_ids, first
 
 log = logging.getLogger("vlkit.data")
 
@@ -68,8 +68,6 @@ class ImageTextPairs(torch.utils.data.Dataset):
             all_ids = [str(x) for x in data["id"]]
             names = [all_ids[k] for k in empty]
             if self.on_error == "raise":
-                from vlkit.validate import first
-
                 raise DataError(f"{len(empty)} example(s) have an empty or whitespace-only {text_key}: "
                                 f"{first(names)} (data.on_error=skip leaves them out)")
             for name in names:

@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from vlkit.data.images import FolderImages
+from vlkit.data.shapes import ShapesWorld
 from vlkit.io import atomic_directory, refuse_overwrite
 
 MANIFEST = "shards.json"
@@ -138,8 +140,6 @@ def shapes_png(world: Any) -> Callable[[str], bytes]:
 
 
 def _folder_bytes(folder: str | os.PathLike) -> Callable[[str], bytes]:
-    from vlkit.data.images import FolderImages
-
     images = FolderImages(folder)
     images.ids()
 
@@ -158,8 +158,6 @@ def make_shards_main(cfg: Any) -> int:
     source = cfg.source
     image_bytes = _folder_bytes(cfg.images) if cfg.get("images") else None
     if source == "shapes":
-        from vlkit.data.shapes import ShapesWorld
-
         world = ShapesWorld(seed=cfg.seed, num_images=cfg.num_images, image_size=cfg.image_size)
         split = cfg.get("split") or "train"
         records = shapes_records(world, [split] if isinstance(split, str) else list(split))

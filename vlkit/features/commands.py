@@ -4,12 +4,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from vlkit.config import plain as to_plain
+from vlkit.features import importers
+from vlkit.features.distributed import distributed_extraction, launch
+from vlkit.features.store import FeatureStore, skipped_path
+from vlkit.runtime import set_threads, shutdown
+from vlkit.validate import IMAGE_SUFFIXES, image_folder
+
 
 def image_files(directory: str | Path) -> list[tuple[str, Path]]:
     """``(image_id, path)`` for the images of ``directory`` and its subfolders (sorted; the id is the file stem),
     as the pixel families' image folders read them; files that are not read are counted and logged per reason."""
-    from vlkit.validate import IMAGE_SUFFIXES, image_folder
-
     folder = image_folder(directory)
     if not folder.images:
         raise FileNotFoundError(f"{directory}: no images ({', '.join(IMAGE_SUFFIXES)})"
@@ -28,7 +33,6 @@ def extract_features(cfg: Any) -> int:
     images over the processes, each writing its shard of the sharded store ``out`` (a directory)."""
     import os
 
-    from vlkit.config import plain as to_plain
     from vlkit.features.detector.domain import check_detector
 
     processes = int(cfg.get("processes") or 1)
@@ -47,15 +51,12 @@ def extract_features(cfg: Any) -> int:
         else:
             import torch
 
-            from vlkit.features.distributed import launch
-
             cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
             launch(_extract_spread, (plain,), processes, cpu)
         if int(os.environ.get("RANK", "0")) == 0:
             _summary(cfg.out)
         return 0
     from vlkit.features.detector import extract_features as run
-    from vlkit.runtime import set_threads
 
     set_threads(cfg.get("threads"))
     out = run(image_files(cfg.images), cfg.out, device=cfg.device, progress=cfg.progress, **_extraction_options(cfg))
@@ -65,9 +66,6 @@ def extract_features(cfg: Any) -> int:
 
 def _extract_spread(cfg: dict[str, Any]) -> None:
     """One process of a spread extraction (started by `vlkit.features.distributed.launch` or ``accelerate launch``)."""
-    from vlkit.features.distributed import distributed_extraction
-    from vlkit.runtime import set_threads, shutdown
-
     set_threads(cfg.get("threads"))
     try:
         distributed_extraction(image_files(cfg["images"]), cfg["out"], device=cfg["device"], progress=cfg["progress"],
@@ -79,19 +77,14 @@ def _extract_spread(cfg: dict[str, Any]) -> None:
 
 
 def import_features(cfg: Any) -> int:
-    from vlkit.features.importers import import_features as run
-    from vlkit.runtime import set_threads
-
     set_threads(cfg.get("threads"))
-    out = run(cfg.src, cfg.format, cfg.out, resume=cfg.resume, dtype=cfg.dtype, image_sizes=cfg.image_sizes,
+    out = importers.import_features(cfg.src, cfg.format, cfg.out, resume=cfg.resume, dtype=cfg.dtype, image_sizes=cfg.image_sizes,
               progress=cfg.progress, on_error=cfg.get("on_error", "raise"))
     _summary(out)
     return 0
 
 
 def _summary(path: str | Path) -> None:
-    from vlkit.features.store import FeatureStore, skipped_path
-
     with FeatureStore(path) as store:
         print(
             f"{path}: {len(store)} images, feature_dim {store.feature_dim}, "

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from vlkit.features.shards import build_index, shard_name, shard_of
 from vlkit.io import atomic_write_text
-from vlkit.runtime import free_port
+from vlkit.runtime import free_port, stop_processes
 
 PROGRESS = ".progress"
 
@@ -120,8 +120,6 @@ def launch(function: Callable[..., Any], args: Sequence[Any], processes: int, cp
     ``MASTER_PORT``; ``ACCELERATE_USE_CPU`` on CPU), so ``function`` takes the same path as under it."""
     from accelerate.utils import PrepareForLaunch, patch_environment
     from torch.multiprocessing import start_processes
-
-    from vlkit.runtime import stop_processes
 
     import torch
 

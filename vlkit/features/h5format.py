@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from vlkit.version import __version__
+
 FORMAT = "vlkit-features"
 FORMAT_VERSION = 1
 UNCOMPARED = ("vlkit_version",)
@@ -33,8 +35,6 @@ def vlkit_version() -> str:
     try:
         return version("vlkit")
     except PackageNotFoundError:
-        from vlkit.version import __version__
-
         return __version__
 
 

@@ -39,6 +39,7 @@ import numpy as np
 
 from vlkit.features.h5format import (FORMAT, FORMAT_VERSION, FeatureStoreError, copy_images, escape_id, file_attrs,
                                      open_h5, provenance_diff, unescape_id, vlkit_version)
+from vlkit.features.shards import read_index
 from vlkit.io import atomic_path, remove_orphans
 from vlkit.validate import DataError, region_problems
 
@@ -323,8 +324,6 @@ class FeatureStore:
         self.path = Path(path)
         self._owner: dict[str, str] | None = None  # sharded: image id -> shard file name
         if self.path.is_dir():
-            from vlkit.features.shards import read_index
-
             index = read_index(self.path)
             self._meta = {k: index[k] for k in ("provenance", "schema", "dtype")}
             self._owner = {i: s["file"] for s in index["shards"] for i in s["ids"]}

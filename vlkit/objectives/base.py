@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from vlkit.models.base import VLModel
 from vlkit.models.layers import activation
+from vlkit.models.recipe import recipe_of
 from vlkit.types import LossOutput, VLBatch, VLOutput
 
 
@@ -126,8 +127,6 @@ class Objective(nn.Module, metaclass=abc.ABCMeta):
     def options(cls, model: VLModel, given: dict[str, Any]) -> dict[str, Any]:
         """The defaults the model's family declares for this objective (its recipe's ``objective_defaults``),
         overridden by ``given``."""
-        from vlkit.models.recipe import recipe_of
-
         return {**recipe_of(model).objective_defaults.get(cls.name, {}), **given}
 
     def rows(self, ctx: PassContext) -> tuple[Tensor | None, Tensor | None] | None:

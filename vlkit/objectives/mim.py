@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vlkit.models.base import VLModel
+from vlkit.models.encoders import load_state_dict_file
 from vlkit.objectives.base import IncompatibleObjective, Objective, PassContext, PredictionHeadTransform, accuracy
 from vlkit.registry import register_objective
 from vlkit.types import LossOutput, VLBatch, VLOutput
@@ -144,8 +145,6 @@ class DalleTokenizer(PatchTokenizer):
 
     @classmethod
     def from_state_dict(cls, path: str | Path, **kwargs) -> "DalleTokenizer":
-        from vlkit.models.encoders import load_state_dict_file
-
         tokenizer = cls(**kwargs)
         tokenizer.load_state_dict(load_state_dict_file(path), strict=True)
         return tokenizer.eval()

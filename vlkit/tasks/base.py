@@ -15,6 +15,7 @@ from vlkit.models.base import VLModel
 from vlkit.models.heads import Head
 from vlkit.registry import HEADS
 from vlkit.types import LossOutput, VLBatch, VLOutput
+from vlkit.validate import DataError, describe_inputs, nonfinite_inputs
 
 
 class IncompatibleTask(ValueError):
@@ -123,8 +124,6 @@ def eval_batches(task: Task, batches: Iterable[VLBatch], desc: str) -> Iterable[
     the previous train / eval mode is restored afterwards. A batch whose inputs hold NaN or inf is an
     error naming its examples and images (evaluation never scores NaN)."""
     from tqdm.auto import tqdm
-
-    from vlkit.validate import DataError, describe_inputs, nonfinite_inputs
 
     was_training = task.training
     task.eval()

@@ -18,10 +18,13 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from vlkit.data.formats import read_nlvr2
+from vlkit.data.pairs import ImageTextPairs
 from vlkit.registry import register_task
-from vlkit.tasks.metrics import accuracy, nlvr2_consistency
 from vlkit.tasks.base import HeadTask, TaskData, classification_loss, label_target, most_common, split_records
+from vlkit.tasks.metrics import accuracy, nlvr2_consistency
 from vlkit.types import LossOutput, VLBatch, VLOutput
+from vlkit.validate import DataError
 
 
 # --------------------------------------------------------------------------------------------
@@ -36,8 +39,6 @@ class PairCollator:
     def __call__(self, items: Sequence[Sequence[Mapping[str, Any]] | None]) -> VLBatch:
         kept = [item for item in items if item is not None]  # None: skipped (data.on_error=skip)
         if not kept:
-            from vlkit.validate import DataError
-
             raise DataError(f"PairCollator: all {len(items)} items of a batch were skipped (data.on_error=skip)")
         items = kept
         bad = next((k for k, item in enumerate(items) if len(item) != 2), None)
@@ -53,8 +54,6 @@ class ImagePairTexts(torch.utils.data.Dataset):
     def __init__(self, records: Sequence[Mapping[str, Any]], tokenizer: Any, image_source: Any, max_len: int = 40,
                  filter_long: bool = False, text_key: str = "sentence",
                  targets: Callable[[dict[str, Any]], dict[str, Any]] | None = None):
-        from vlkit.data.pairs import ImageTextPairs
-
         rows = []
         for k, r in enumerate(records):
             missing = {"left_image", "right_image"} - set(r)
@@ -136,8 +135,6 @@ def shapes_nlvr2_records(world: Any, i: int) -> list[dict]:
 
 
 def _nlvr2_files(path: Any) -> list[dict]:
-    from vlkit.data.formats import read_nlvr2
-
     return read_nlvr2(path)
 
 

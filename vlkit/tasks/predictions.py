@@ -29,7 +29,9 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from vlkit.io import atomic_write_text
 from vlkit.registry import Registry
+from vlkit.tasks.base import eval_batches
 
 __all__ = ["PREDICTIONS", "PredictionFormat", "check_predictions_path", "read_nlvr2_predictions", "write_predictions"]
 
@@ -50,8 +52,6 @@ class PredictionFormat:
 def write_predictions(task: Any, data: Any, path: str | Path, batch_size: int = 64) -> dict[str, Any]:
     """Write ``task``'s predictions over ``data`` (one of `TaskData.eval`) to ``path`` in the task's
     `PredictionFormat`; returns ``{"path", "format", "count"}``."""
-    from vlkit.io import atomic_write_text
-
     fmt = PREDICTIONS.get(task.name)
     text, count = fmt.render(task, data, batch_size)
     atomic_write_text(path, text)
@@ -135,8 +135,6 @@ PREDICTIONS.register("nlvr2")(PredictionFormat(_nlvr2_render, _nlvr2_labelled, "
 
 # -- RefExp -------------------------------------------------------------------------------------------
 def _refexp_render(task: Any, data: Any, batch_size: int) -> tuple[str, int]:
-    from vlkit.tasks.base import eval_batches
-
     loader = torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=False, collate_fn=data.collator())
     chosen: dict[str, dict[str, Any]] = {}
     for batch in eval_batches(task, loader, "refexp predictions"):

@@ -27,14 +27,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vlkit.data import formats
+from vlkit.data.pairs import ImageTextPairs
 from vlkit.models.base import VLModel
 from vlkit.models.layers import MASK_VALUE
 from vlkit.models.recipe import recipe_of
 from vlkit.registry import register_task
 from vlkit.tasks.base import IncompatibleTask, Task, TaskData, eval_batches, gather, task_source, world_needed
-from vlkit.tasks.metrics import (IOU_BOXES, IOU_COMPARISONS, REFEXP_DEFAULT, refexp_accuracy,
-                                 refexp_hits, refexp_iou)
+from vlkit.tasks.metrics import IOU_BOXES, IOU_COMPARISONS, REFEXP_DEFAULT, refexp_accuracy, refexp_hits, refexp_iou
 from vlkit.types import LossOutput, VLBatch
+from vlkit.validate import DataError, box_problems
 
 __all__ = ["IncompatibleTask", "LOSSES", "RefExp", "region_ious"]
 
@@ -65,8 +67,6 @@ def region_ious(batch: VLBatch, boxes: str = "continuous") -> Tensor:
 def check_ref_boxes(refs: list[Mapping[str, Any]], where: Any) -> None:
     """`DataError` listing every referred box (xyxy px) that is not finite, not ordered or outside its image
     (``image_size``: h, w): such a box would be scored (IoU 0) instead of refused."""
-    from vlkit.validate import DataError, box_problems
-
     bad = [f"ref {r['id']!r} (image {r['image_id']!r}): {'; '.join(problems)}" for r in refs
            if (problems := box_problems([r["bbox"]], *r["image_size"]))]
     if bad:
@@ -189,9 +189,6 @@ class RefExp(Task):
         JSON, ``cfg.instances``: COCO ``instances.json``, read by `vlkit.data.formats.read_refs`).
         ``cfg.train_split`` / ``cfg.eval_splits`` name the refs' splits (RefCOCO+: train; val, testA, testB).
         """
-        from vlkit.data import formats
-        from vlkit.data.pairs import ImageTextPairs
-
         source = task_source(cfg)
         if source == "shapes":
             if world is None:

@@ -33,8 +33,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vlkit.data import formats
+from vlkit.data.datasets import split_list
+from vlkit.data.pairs import ImageTextPairs
 from vlkit.models.base import VLModel
 from vlkit.models.layers import masked_mean
+from vlkit.objectives.base import PassContext
+from vlkit.objectives.mix import Pretraining
 from vlkit.registry import HEADS, MODELS, OBJECTIVES, register_task
 from vlkit.tasks.base import Task, TaskData, eval_batches, task_source, world_needed
 from vlkit.tasks.metrics import RETRIEVAL_TIES, recall
@@ -164,8 +169,6 @@ class Retrieval(Task):
                  eval_mode: str = "cached", rerank_k: int = 64, prerank_ridge: float = 1.0,
                  prerank_data: RetrievalSet | None = None, seed: int = 0, head: str | None = None,
                  task_id: int | None = None, ties: str = "worst", uniter_ir_rows: bool = False):
-        from vlkit.objectives.mix import Pretraining
-
         if isinstance(model, Pretraining):
             # a mix without ITM (e.g. MLM alone): the rank head starts fresh, as the official code does
             # when the checkpoint holds no ITM weights to copy
@@ -310,8 +313,6 @@ class Retrieval(Task):
                                          (pos > neg_captions.amax(1, keepdim=True))).float().mean().detach()}
 
     def _itm_loss(self, batch: VLBatch, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        from vlkit.objectives.base import PassContext
-
         mixed, matched = self.itm.make_pairs(batch, generator)
         result = self.itm(self.model(mixed, **self.inputs(mixed)), mixed, PassContext(original=mixed, itm_match=matched))
         return result.loss, result.metrics["acc"]
@@ -459,10 +460,6 @@ class Retrieval(Task):
         """Training captions (`ImageTextPairs`), `RetrievalSet` per evaluation split, and the training
         images as ``options["prerank_data"]``. ``cfg.source``: ``shapes`` (``world``) or ``files``
         (``cfg.path``: a Karpathy json such as ``dataset_flickr30k.json``)."""
-        from vlkit.data import formats
-        from vlkit.data.datasets import split_list
-        from vlkit.data.pairs import ImageTextPairs
-
         max_len = int(cfg.get("max_len", 40))
         train_splits = split_list(cfg.get("train_split", "train"))
         eval_splits = split_list(cfg.get("eval_splits", ["val", "test"]))

@@ -7,6 +7,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from vlkit.data.collate import VLCollator
 from vlkit.types import VLBatch
 
 
@@ -18,8 +19,6 @@ class RetrievalSet:
     def __init__(self, image_ids: Sequence[str], captions: Sequence[str], txt2img: Sequence[int], tokenizer: Any,
                  image_source: Any, max_len: int = 62, caption_ids: Sequence[str] | None = None,
                  cache_images: bool = True):
-        from vlkit.data.collate import VLCollator
-
         self.image_ids = [str(i) for i in image_ids]
         self.captions = list(captions)
         self.txt2img = torch.as_tensor(list(txt2img), dtype=torch.long)

@@ -15,10 +15,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vlkit.data.formats import VE_LABELS
+from vlkit.data.formats import VE_LABELS, read_snli_ve
+from vlkit.data.pairs import ImageTextPairs
 from vlkit.registry import register_task
-from vlkit.tasks.metrics import accuracy
 from vlkit.tasks.base import HeadTask, TaskData, classification_loss, label_target, most_common, split_records
+from vlkit.tasks.metrics import accuracy
 from vlkit.types import LossOutput, VLBatch
 
 
@@ -29,8 +30,6 @@ def shapes_snli_ve_records(world: Any, i: int) -> list[dict]:
 
 
 def _snli_ve_files(path: Any) -> list[dict]:
-    from vlkit.data.formats import read_snli_ve
-
     return read_snli_ve(path)
 
 
@@ -91,8 +90,6 @@ class SNLIVETask(HeadTask):
     @classmethod
     def build_data(cls, cfg: Mapping[str, Any], tokenizer: Any, image_source: Any, world: Any = None) -> TaskData:
         """Hypotheses of the shapes world or of SNLI-VE jsonl files (``files.<split>``: a path or a list)."""
-        from vlkit.data.pairs import ImageTextPairs
-
         splits = split_records(cfg, world, shapes_snli_ve_records, _snli_ve_files)
         data = {s: ImageTextPairs(recs, tokenizer, image_source, max_len=cfg.get("max_len", 40),
                                   filter_long=cfg.get("filter_long", False) and s == "train",

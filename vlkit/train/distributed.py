@@ -7,6 +7,7 @@ from typing import Any, Callable, Sequence
 
 from torch.utils.data import DataLoader, Dataset
 
+from vlkit.data.batching import FixedSizeBatchSampler, TokenBucketSampler
 from vlkit.types import VLBatch
 
 BATCHING = ("units", "fixed")
@@ -67,8 +68,6 @@ def build_train_loader(dataset: Dataset, config: LoaderConfig = LoaderConfig(), 
     size_multiple, drop_last, seed, num_workers, group_by_length = (c.size_multiple, c.drop_last, c.seed,
                                                                      c.num_workers, c.group_by_length)
     from torch.utils.data import IterableDataset
-
-    from vlkit.data.batching import FixedSizeBatchSampler, TokenBucketSampler
 
     if collate_fn is None:
         if not hasattr(dataset, "collator"):

@@ -14,12 +14,19 @@ from typing import Any, Mapping
 import torch
 
 from vlkit.config import plain
+from vlkit.data.images import image_index
 from vlkit.environment import Environment
+from vlkit.io import load_weights
 from vlkit.models.base import VLModel, build_model, from_pretrained
+from vlkit.models.recipe import recipe_of
+from vlkit.objectives import Pretraining, build_pretraining
 from vlkit.registry import DATASETS, TASKS
 from vlkit.runs import PRETRAINING_WEIGHTS, RUN_INFO, TASK_WEIGHTS, read_run_info, save_run
+from vlkit.tasks import build_task
+from vlkit.train.preflight import Preflight
 from vlkit.train.resume import run_record
-from vlkit.validate import DataError
+from vlkit.train.trainer import NonFiniteLossError, Trainer, TrainerConfig
+from vlkit.validate import DataError, nonfinite_parameters
 
 
 def build_run_model(env: Environment, init: str | None = None) -> VLModel:
@@ -41,8 +48,6 @@ def pretraining_dataset(env: Environment):
 
 def load_pretraining(directory: str | Path, model: VLModel | None = None):
     """The `Pretraining` module (model + objective heads) saved by a pre-training run."""
-    from vlkit.io import load_weights
-
     directory = Path(directory)
     info = read_run_info(directory)
     if "objectives" not in info:
@@ -55,8 +60,6 @@ def load_pretraining(directory: str | Path, model: VLModel | None = None):
 
 def rebuild_pretraining(model: VLModel, recorded: Mapping[str, Any]):
     """A `Pretraining` module of the recorded ``{objectives, seed}`` around ``model``, its weights to be loaded."""
-    from vlkit.objectives import build_pretraining
-
     pre = build_pretraining(model, recorded["objectives"], seed=recorded.get("seed"))
     _fit_tokenizers(pre, None)
     return pre
@@ -117,8 +120,6 @@ class RecordingLoader:
 
 def _fit(module: torch.nn.Module, dataset: Any, collate: Any, trainer_cfg: Any, output_dir: str | Path, seed: int,
          seen: list[str] | None, lengths: Any = None, data_source: str | None = None, run: Any = None):
-    from vlkit.train.trainer import NonFiniteLossError, Trainer, TrainerConfig
-
     config = TrainerConfig.from_cfg(trainer_cfg, output_dir=str(output_dir), seed=seed)
     trainer = Trainer(module, config, run=run)
     needs_lengths = config.batching == "units" or config.group_by_length
@@ -145,16 +146,12 @@ def _resume(trainer_cfg: Any) -> bool:
 
 def data_source(env: Environment) -> str:
     """The data of ``env`` for messages: the dataset and the feature store or image folder."""
-    from vlkit.data.images import image_index
-
     _, where = image_index(env.image_source)
     return f"data={env.data.get('name')}" + (f", {where}" if where and " " in where else "")
 
 
 def family_mix(model: VLModel, mix: Any = None) -> Any:
     """``mix``, or the model family's own pre-training mix (its recipe's ``mix``) when it is None."""
-    from vlkit.models.recipe import recipe_of
-
     mix = plain(mix)
     if mix is None:
         mix = plain(recipe_of(model).mix)
@@ -168,9 +165,6 @@ def pretrain_model(env: Environment, model: VLModel, mix: Any, trainer_cfg: Any,
     """Pre-train ``model`` on ``env``'s pairs with objective mix ``mix`` (None: the family's own); returns
     (module, TrainResult). ``seen`` (a list) receives the id of every training example in the order it was used.
     ``preflight``: a `vlkit.train.preflight.Preflight` already holding the caller's checks (``init=`` ...)."""
-    from vlkit.objectives import build_pretraining
-    from vlkit.train.preflight import Preflight
-
     check = preflight or Preflight()
     check.check_output_dir(output_dir, _resume(trainer_cfg))
     mix = family_mix(model, mix)
@@ -202,10 +196,6 @@ def finetune_task(env: Environment, model: Any, task_cfg: Mapping[str, Any], tra
     (``build_data`` of its class, read-only, so several fine-tunings may share it), else built here. Returns
     ``(task, data, result, metrics)`` with ``metrics`` as ``<split>/<metric>``.
     """
-    from vlkit.objectives import Pretraining
-    from vlkit.tasks import build_task
-    from vlkit.train.preflight import Preflight
-
     task_cfg = plain(task_cfg)
     name = task_cfg["name"]
     cls = TASKS.get(name)
@@ -270,8 +260,6 @@ def check_task_data(check: Any, name: str, data: Any, model: Any, eval_splits: t
 def evaluate_task(task: Any, data: Any, splits: tuple[str, ...], batch_size: int = 64) -> dict[str, float]:
     """``<split>/<metric>`` of ``task`` on each split. Never scores NaN: weights that hold NaN / inf, and
     a metric that comes out NaN / inf, are errors naming the parameter or the metric."""
-    from vlkit.validate import nonfinite_parameters
-
     bad = nonfinite_parameters(task)
     if bad:
         raise FloatingPointError(f"task {task.name!r}: the weights hold NaN or inf ({', '.join(bad[:3])}"
