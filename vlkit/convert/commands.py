@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from vlkit.config import plain
+from vlkit.convert import from_official, save_converted
 from vlkit.data.tokenizers import TokenizerError, build_tokenizer
 from vlkit.io import atomic_directory, refuse_overwrite, safe_pickle_load
 from vlkit.models.base import VLModel
@@ -35,8 +36,6 @@ def convert(cfg) -> int:
     """Convert ``src`` (family ``family``, or the one whose key signature it carries) and write the vlkit run
     directory ``dst`` (with ``tokenizer``'s files); ``pretrained=<family>/<tag>`` gives the family, the task and
     ``dst`` of a named release (`vlkit.released.PRETRAINED`)."""
-    from vlkit.convert import from_official, save_converted
-
     family, task, dst = cfg.family, cfg.task, cfg.dst
     if cfg.get("pretrained"):
         entry = PRETRAINED.get(cfg.pretrained)

@@ -185,7 +185,7 @@ def make_shapes_main(cfg) -> None:
     [eval_rounds=R] [train_rounds=R]``."""
     from tqdm import tqdm
 
-    from vlkit.data.shapes import ShapesWorld
+    from vlkit.data.shapes import ShapesWorld  # the package's __init__ defines it, and imports this module first
 
     out = Path(cfg.out)
     blocker = next((p for p in (out, *out.parents) if p.exists()), None)

@@ -10,7 +10,7 @@ import torch
 
 from vlkit.features.detector.network import BottomUpDetector
 from vlkit.features.detector.weights import load_detector
-from vlkit.features.store import skipped_path
+from vlkit.features.store import FeatureStoreWriter, skipped_path
 from vlkit.validate import DataError, SkipLog, check_image_size, check_on_error, rgb_array
 
 
@@ -39,8 +39,6 @@ def extract_features(
     (`vlkit.features.distributed.SharedProgress` counts over the processes of a spread extraction).
     """
     from tqdm.auto import tqdm
-
-    from vlkit.features.store import FeatureStoreWriter
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

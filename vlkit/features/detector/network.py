@@ -12,8 +12,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.ops import FrozenBatchNorm2d, roi_pool
 
-from vlkit.features.detector.boxes import butd_select, cell_anchors, class_nms, clip_boxes, decode_boxes, grid_anchors, legacy_nms
+from vlkit.features.detector.boxes import (butd_select, cell_anchors, class_nms, clip_boxes, decode_boxes,
+                                           grid_anchors, legacy_nms)
 from vlkit.shapes_vocabulary import ATTRIBUTES, OBJECT_CLASSES
+from vlkit.validate import rgb_array
 
 CAFFE_PIXEL_MEAN_BGR = (102.9801, 115.9465, 122.7717)
 
@@ -471,8 +473,6 @@ class BottomUpDetector(nn.Module):
 def _as_rgb_array(img: Any) -> np.ndarray:
     """PIL image (any mode), path, or HxWx3 uint8 RGB array -> HxWx3 uint8 RGB array (`vlkit.validate.rgb_array`:
     EXIF orientation applied, 16-bit / palette / alpha / CMYK images converted, bad files refused)."""
-    from vlkit.validate import rgb_array
-
     return rgb_array(img)
 
 

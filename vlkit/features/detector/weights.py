@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from vlkit.features.detector.network import BottomUpDetector, DetectorConfig, preset
-from vlkit.io import sha256_file
+from vlkit.io import atomic_path, atomic_write_text, sha256_file
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
@@ -22,8 +22,6 @@ def save_detector(
     """Write ``<name>.safetensors`` (floats as ``dtype``) and ``<name>.json`` (config + ``meta``) atomically;
     returns the json path."""
     from safetensors.torch import save_file
-
-    from vlkit.io import atomic_path, atomic_write_text
 
     directory = Path(directory)
     state = {
