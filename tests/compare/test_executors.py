@@ -201,11 +201,10 @@ def test_a_worker_reuses_its_recent_machine_speed_probe(monkeypatch):
 
     import torch
 
-    import vlkit.runtime
     from vlkit.compare import worker
 
     rates = iter([80.0, 70.0])  # a third probe would raise
-    monkeypatch.setattr(vlkit.runtime, "gemm_gflops", lambda: next(rates))
+    monkeypatch.setattr(worker, "gemm_gflops", lambda: next(rates))
     threads = torch.get_num_threads()
     monkeypatch.setattr(worker, "_PROBES", {threads: (time.monotonic() - worker.PROBE_REUSE_S + 30, 90.0)})
     try:

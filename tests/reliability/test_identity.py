@@ -51,13 +51,13 @@ def _attempts(out: Path) -> dict[str, int]:
 
 
 def test_digests_are_cached_by_size_and_mtime_and_name_only_paths(tmp_path, monkeypatch):
-    import vlkit.io
+    import vlkit.digests
 
     f = tmp_path / "answers.json"
     f.write_text('{"a": 1}')
     reads = []
-    real = vlkit.io.sha256_file
-    monkeypatch.setattr(vlkit.io, "sha256_file", lambda p: reads.append(p) or real(p))
+    real = vlkit.digests.sha256_file
+    monkeypatch.setattr(vlkit.digests, "sha256_file", lambda p: reads.append(p) or real(p))
     first = file_digest(f)
     assert file_digest(f) == first and len(reads) == 1  # read once
     f.write_text('{"a": 2}')
