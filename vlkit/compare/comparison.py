@@ -133,9 +133,12 @@ class Comparison:
 
     def check_models(self) -> None:
         """Refuse, before any work, a run whose model (family, preset, fields) or objective mix cannot be built,
-        naming the run: a typo in a comparison file fails here, not after the plan is written."""
-        from vlkit.models.base import split_model_config
-        from vlkit.objectives.mix import check_mix
+        naming the run: a typo in a comparison file fails here, not after the plan is written. The mix is built
+        for the run's model (on the meta device, as the plan and the account build it), so an objective the model
+        cannot serve (MIM on a region family) is refused here, not after the units ran."""
+        from vlkit.compare.flops import on_meta
+        from vlkit.models.base import build_model, split_model_config
+        from vlkit.objectives.mix import build_pretraining, check_mix
         from vlkit.registry import MODELS
 
         for spec in self.specs:
@@ -145,6 +148,8 @@ class Comparison:
                 mix = objective_mix(spec)
                 if mix is not None:
                     check_mix(mix)
+                    model = on_meta(lambda: build_model(spec.model))
+                    on_meta(lambda: build_pretraining(model, mix))
             except (LookupError, ValueError, TypeError, OSError) as err:
                 raise ValueError(f"compare: run {spec.name}: {describe(err)}") from None
 
