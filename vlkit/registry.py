@@ -123,6 +123,13 @@ def _changing(table: dict, key: Any, obj: Any) -> None:
         _journal.append((table, key, table.get(key, _ABSENT)))
 
 
+def failed_plugins_note() -> str:
+    """What an unknown-name message adds while a plugin failed to load: ``"; plugin <package> (entry point ...)
+    failed to load (<why>) and may be the one that provides it"``, else ``""``."""
+    return "".join(f"; plugin {who} failed to load ({why}) and may be the one that provides it"
+                   for who, why in _plugin_failures.items())
+
+
 def plugin_failures() -> dict[str, str]:
     """The ``vlkit.plugins`` entry points that failed to load: ``"<package> (entry point <name> = <value>)"`` -> why."""
     load_plugins()
@@ -183,11 +190,9 @@ class Registry:
         if name not in self._entries:
             self._populate()
         if name not in self._entries:
-            failed = "".join(f"; plugin {who} failed to load ({why}) and may be the one that provides it"
-                             for who, why in _plugin_failures.items())
             raise UnknownNameError(
                 f"unknown {self.kind} {name!r}{did_you_mean(name, self.names())}; registered {self.kind}s: "
-                f"{', '.join(self.names()) or '(none)'}{failed}"
+                f"{', '.join(self.names()) or '(none)'}{failed_plugins_note()}"
             )
         return self._entries[name]
 
