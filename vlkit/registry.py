@@ -7,9 +7,9 @@ no room above it: the homes of the registries made here are set by the package r
 the rest lazily (``vlkit/__init__.py``); a registry made in its own room passes ``home=__name__`` or none.
 Third-party packages add entries through the ``vlkit.plugins`` entry-point group (each entry point is
 imported, and called if it is callable). A plugin that fails to import or to register is left out whole (what it
-registered before failing is taken back), reported once (`PluginLoadWarning`, naming its package and entry point),
-and named with its error when a name nobody registered is asked for (`plugin_failures`): one broken plugin never
-blocks vlkit or the other plugins. Task heads are keyed by ``(task, family)`` (`HeadRegistry`): a family registers
+registered before failing is taken back), reported once (a warning of the ``vlkit.plugins`` logger naming its
+package and entry point), and named with its error when a name nobody registered is asked for
+(`plugin_failures`): one broken plugin never blocks vlkit or the other plugins. Task heads are keyed by ``(task, family)`` (`HeadRegistry`): a family registers
 its own heads beside its model, and a task falls back to the generic heads registered without a
 family. Converters of released checkpoints are keyed by family with the key signature of its files
 (`ConverterRegistry`), which also answers which family a state dict is.
@@ -23,7 +23,7 @@ a converter whose key signature overlaps another's is refused (a state dict woul
 from __future__ import annotations
 
 import importlib
-import warnings
+import logging
 from importlib.metadata import EntryPoint, entry_points, packages_distributions
 from typing import Any, Callable, Iterator
 
@@ -34,9 +34,7 @@ _journal: list[tuple[dict, Any, Any]] | None = None  # while a plugin loads: (ta
 _ABSENT = object()
 _plugin_failures: dict[str, str] = {}  # "<package> (entry point <name> = <value>)" -> why it failed
 
-
-class PluginLoadWarning(UserWarning):
-    """A ``vlkit.plugins`` entry point that failed to import or to register: left out, vlkit goes on without it."""
+log = logging.getLogger("vlkit.plugins")
 
 
 class RegistrationError(ValueError):
@@ -90,8 +88,8 @@ def plugin_name(ep: EntryPoint) -> str:
 
 def load_plugins() -> None:
     """Import every ``vlkit.plugins`` entry point once (a callable entry point is called). One that raises (on import
-    or on registering) is left out: its registrations are taken back, and it is reported once with a
-    `PluginLoadWarning` and kept in `plugin_failures`."""
+    or on registering) is left out: its registrations are taken back, it is reported once (a warning of the
+    ``vlkit.plugins`` logger) and kept in `plugin_failures`."""
     global _plugins_loaded, _journal
     if _plugins_loaded:
         return
@@ -110,8 +108,7 @@ def load_plugins() -> None:
                     table[key] = held
             why = f"{type(err).__name__}: {err}"
             _plugin_failures[plugin_name(ep)] = why
-            warnings.warn(f"vlkit: plugin {plugin_name(ep)} failed to load and is left out: {why}",
-                          PluginLoadWarning, stacklevel=2)
+            log.warning("vlkit: plugin %s failed to load and is left out: %s", plugin_name(ep), why)
         finally:
             _journal = None
 
