@@ -93,6 +93,13 @@ def jsonl_run(tmp: Path, *extra: str, steps: int = 1) -> list[str]:
     return ["pretrain", "model=uniter", *jsonl_data(caps, store), *run_args(tmp / "out", steps), *extra]
 
 
+def comparison_file(tmp: Path, run: str) -> Path:
+    """A comparison of the shapes world (the smoke preset, one seed, VQA) whose only run is ``run``."""
+    path = tmp / "mine.yaml"
+    path.write_text(f"defaults: [smoke, _self_]\nseeds: [0]\ntasks: [vqa]\nruns:\n  - {run}\n")
+    return path
+
+
 def converted_over_a_run(tmp: Path) -> Path:
     """A folder that held a fine-tuning run (checkpoints, task weights, tokenizer) that vlkit convert replaced."""
     from vlkit.cli import main
@@ -146,6 +153,11 @@ CASES = {
                                                     % vqa_files(t, duplicate=False, string_ids=True)),
                                "annotations.json: annotations[0]: question_id 'q1' is a str; the VQA format's question ids "
                                "are integers"),
+    # issue 54: a mix the model cannot serve, refused by the comparison's preflight
+    "compare: MIM on UNITER": (lambda t: ["compare", "compare=%s" % comparison_file(
+        t, "{name: uniter_mim, model: {name: uniter, preset: tiny}, objectives: meter_mim_discrete}"),
+        f"output_dir={t / 'out'}", "threads=1", "workers=1", "progress=false"],
+        "run uniter_mim: objective mix: mim masks image patches; uniter takes regions"),
     "predictions= an existing folder": (lambda t: ["evaluate", f"checkpoint={t / 'absent'}", "split=test",
                                                    f"predictions={t}"], "is a folder; name the file to write"),
     # class 8: overwrite replaces, and a replaced run is not continued

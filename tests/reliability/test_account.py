@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
+from refusal_cases import comparison_file
 
 from vlkit.compare import account as account_module
 from vlkit.compare.account import SESSIONS_DIR, SKEW_S, Session, read_sessions, unit_attempts
@@ -20,16 +21,10 @@ FAST = ["threads=1", "workers=1", "progress=false"]
 DAY = 86400.0
 
 
-def _comparison_file(tmp_path, run: str, tasks: str = "[vqa]"):
-    path = tmp_path / "mine.yaml"
-    path.write_text(f"defaults: [smoke, _self_]\nseeds: [0]\ntasks: {tasks}\nruns:\n  - {run}\n")
-    return path
-
-
 def test_a_mix_the_model_cannot_serve_is_refused_before_any_unit(tmp_path, vlkit_console):
     """At 455e9a4 the units ran and the report then died on `IncompatibleObjective` (the account's plan)."""
     out = tmp_path / "out"
-    mine = _comparison_file(tmp_path, "{name: uniter_mim, model: {name: uniter, preset: tiny}, "
+    mine = comparison_file(tmp_path, "{name: uniter_mim, model: {name: uniter, preset: tiny}, "
                                       "objectives: meter_mim_discrete}")
     code, _, err = vlkit_console("compare", f"compare={mine}", f"output_dir={out}", *FAST)
     assert code == 1, err
@@ -43,7 +38,7 @@ def _raise(*_args, **_kwargs):
 
 def test_a_failing_account_keeps_every_record_and_the_report_says_what_failed(tmp_path, vlkit_console, monkeypatch):
     out = tmp_path / "out"
-    mine = _comparison_file(tmp_path, "{name: scratch, model: {name: uniter, preset: tiny}, objectives: null}")
+    mine = comparison_file(tmp_path, "{name: scratch, model: {name: uniter, preset: tiny}, objectives: null}")
     args = ("compare", f"compare={mine}", f"output_dir={out}", *FAST, f"cache_dir={tmp_path / 'cache'}")
     with monkeypatch.context() as patch:  # pricing the plan fails: the account has spent figures, no planned ones
         patch.setattr(account_module, "spent_plan", _raise)

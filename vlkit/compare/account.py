@@ -11,6 +11,12 @@ retried ones included; those are the wasted part), device-hours (unit-seconds x 
 beside them the FLOP plan of the same units (`vlkit.compare.plan`) on the device they ran on: planned hours and the
 MFU the run achieved (planned FLOPs / (spent seconds x the device's peak)), the figure to set ``compare.plan.mfu``
 from.
+
+It trusts no record: one that is not JSON or not of its shape, whose span ends before it starts, or that is dated
+more than `SKEW_S` ahead of this clock is set aside (``set_aside``: file and why, shown in results.md and by
+`vlkit compare-report`); an unfinished record counts as running only while the process of its pid is the one that
+wrote it (`own_process`). A failure of the pricing or of the account costs no record (`guarded`): the report is
+written, its account saying what failed (``not_accounted``).
 """
 from __future__ import annotations
 
