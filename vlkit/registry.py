@@ -9,9 +9,9 @@ Third-party packages add entries through the ``vlkit.plugins`` entry-point group
 imported, and called if it is callable). A plugin that fails to import or to register is left out whole (what it
 registered before failing is taken back), reported once (a warning of the ``vlkit.plugins`` logger naming its
 package and entry point), and named with its error when a name nobody registered is asked for
-(`plugin_failures`): one broken plugin never blocks vlkit or the other plugins. Task heads are keyed by ``(task, family)`` (`HeadRegistry`): a family registers
-its own heads beside its model, and a task falls back to the generic heads registered without a
-family. Converters of released checkpoints are keyed by family with the key signature of its files
+(`plugin_failures`): one broken plugin never blocks vlkit or the other plugins. Task heads are keyed by
+``(task, family)`` (`HeadRegistry`): a family registers its own heads beside its model, and a task falls back to
+the generic heads registered without a family. Converters of released checkpoints are keyed by family with the key signature of its files
 (`ConverterRegistry`), which also answers which family a state dict is.
 
 A registration is checked when it happens (`RegistrationError`, naming the entry and the rule): an entry

@@ -108,6 +108,7 @@ SESSION_KEYS = {"session": int, "started": float, "last_seen": float, "ended": (
                 "end": (str, type(None)), "host": str, "pid": int, "executor": str, "command": str}
 ATTEMPT_KEYS = {"attempt": int, "host": str, "pid": int, "started": float, "state": str}
 ATTEMPT_STATES = ("running", "finished", "failed", "died")
+OPTIONAL_KEYS = {"pid_started": float}  # absent from the records of an older vlkit
 
 
 def own_process(pid: int, pid_started: float | None, started: float) -> bool:
@@ -134,14 +135,14 @@ def alive(host: str, pid: int, last_seen: float | None, heartbeat: float, pid_st
 
 def record_problem(record: Any, keys: dict[str, Any], now: float) -> str | None:
     """Why a session's or an attempt's record cannot be counted, None when it can: not a mapping, a key missing or
-    of the wrong type (``keys``: name -> type), a span that ends before it starts, a time ahead of ``now`` by more
+    of the wrong type (``keys``: name -> type; `OPTIONAL_KEYS` when present), a span that ends before it starts, a time ahead of ``now`` by more
     than `SKEW_S`."""
     if not isinstance(record, dict):
         return f"holds a {type(record).__name__}, not a record (a mapping)"
     missing = [k for k in keys if k not in record]
     if missing:
         return f"lacks the key(s) {', '.join(missing)}"
-    for key, kind in keys.items():
+    for key, kind in {**keys, **{k: v for k, v in OPTIONAL_KEYS.items() if k in record}}.items():
         kinds = kind if isinstance(kind, tuple) else (kind,)
         if not any(_is(record[key], k) for k in kinds):
             return f"{key}={record[key]!r} is not {'a time' if float in kinds else 'a ' + kinds[0].__name__}"
@@ -152,8 +153,8 @@ def record_problem(record: Any, keys: dict[str, Any], now: float) -> str | None:
     ahead = {k: v - now for k, v in times.items() if v - now > SKEW_S}
     if ahead:
         key, by = max(ahead.items(), key=lambda kv: kv[1])
-        return (f"{key} {_clock(record[key])} is {by:,.0f} s ahead of this machine's clock (more than the {SKEW_S:.0f} s "
-                "two clocks may differ by)")
+        return (f"{key} {_clock(record[key])} is {by:,.0f} s ahead of this machine's clock (more than the "
+                f"{SKEW_S:.0f} s two clocks may differ by)")
     return None
 
 
@@ -189,7 +190,7 @@ def read_sessions(output_dir: Path, heartbeat: float = HEARTBEAT_S, set_aside: l
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
             _note(set_aside, path, Path(output_dir), f"not a readable JSON record (truncated or edited: {err})")
             continue
-        why = record_problem(record, {**SESSION_KEYS, **({"pid_started": float} if "pid_started" in record else {})}, now)
+        why = record_problem(record, SESSION_KEYS, now)
         if why is not None:
             _note(set_aside, path, Path(output_dir), why)
             continue
@@ -230,8 +231,8 @@ def unit_attempts(comparison: Any, set_aside: list[dict[str, str]] | None = None
             continue
         last_seen = folder.last_seen()
         if last_seen is not None and last_seen - now > SKEW_S:
-            _note(set_aside, folder.heartbeat, root, f"dated {_clock(last_seen)}, {last_seen - now:,.0f} s ahead of this "
-                  f"machine's clock (more than {SKEW_S:.0f} s): not used, its attempt ends at its start")
+            _note(set_aside, folder.heartbeat, root, f"dated {_clock(last_seen)}, {last_seen - now:,.0f} s ahead of "
+                  f"this machine's clock (more than {SKEW_S:.0f} s): not used, its attempt ends at its start")
             last_seen = None
         attempts = []
         for i, attempt in enumerate(history):
@@ -368,5 +369,6 @@ def settled(comparison: Any, plan: Any, failed: list[str]) -> dict[str, Any]:
     return acct
 
 
-__all__ = ["FLOPS_FILE", "HEARTBEAT_S", "SESSIONS_DIR", "SKEW_S", "Session", "account", "alive", "guarded", "heartbeat_s",
-           "latest_session", "read_sessions", "settled", "spent_plan", "unit_attempts"]
+__all__ = ["FLOPS_FILE", "HEARTBEAT_S", "SESSIONS_DIR", "SKEW_S", "Session", "account", "alive", "guarded",
+           "heartbeat_s", "latest_session", "own_process", "read_sessions", "record_problem", "settled", "spent_plan",
+           "unit_attempts"]

@@ -97,7 +97,8 @@ def checked_wait(executor: Executor, timeout: float, running: set[str]) -> list[
         if not (isinstance(item, (tuple, list)) and len(item) == 2):
             problem = f"returned the item {_shown(item)}, not a (unit key, outcome) pair"
         elif item[0] not in running:
-            problem = f"reported unit {item[0]!r}, which it does not run (running: {', '.join(sorted(running)) or 'none'})"
+            problem = f"reported unit {item[0]!r}, which it does not run (running: " \
+                      f"{', '.join(sorted(running)) or 'none'})"
         elif not isinstance(item[1], dict) or item[1].get("state") not in OUTCOME_STATES:
             problem = f"reported unit {item[0]}'s outcome as {_shown(item[1])}, not a mapping whose state is " \
                       f"{', '.join(OUTCOME_STATES)}"

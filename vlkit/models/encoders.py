@@ -60,7 +60,8 @@ def build_text_encoder(model_type: str = "roberta", pretrained: str | None = Non
         return AutoModel.from_pretrained(pretrained, add_pooling_layer=False, attn_implementation="sdpa",
                                          trust_remote_code=False)
     hf_config = AutoConfig.for_model(model_type, **(config or {}))
-    return AutoModel.from_config(hf_config, add_pooling_layer=False, attn_implementation="sdpa", trust_remote_code=False)
+    return AutoModel.from_config(hf_config, add_pooling_layer=False, attn_implementation="sdpa",
+                                 trust_remote_code=False)
 
 
 def build_clip_vision(width: int = 768, layers: int = 11, heads: int = 12, patch_size: int = 16,
