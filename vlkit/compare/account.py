@@ -32,6 +32,7 @@ import psutil
 
 from vlkit.compare.comparison import describe
 from vlkit.compare.units import UnitFolder, close_attempt
+from vlkit.io import UnreadableFileError
 from vlkit.locks import START_TOLERANCE_S
 from vlkit.runtime import process_started
 
@@ -210,8 +211,6 @@ def unit_attempts(comparison: Any, set_aside: list[dict[str, str]] | None = None
     process is gone (`alive`; ended at its last heartbeat), else ``running`` (so far). What cannot be counted is
     left out and appended to ``set_aside`` (file, why): an unreadable ``unit.json``, an attempt that fails
     `record_problem`, a heartbeat dated ahead of this clock (the attempt then ends at its start)."""
-    from vlkit.io import UnreadableFileError
-
     heartbeat = heartbeat_s(comparison.compare)
     root, now = comparison.output_dir, time.time()
     out = {}

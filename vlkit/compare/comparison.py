@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from vlkit.compare.config import RunSpec, objective_mix, run_data, run_specs, task_cfg
+from vlkit.compare.flops import on_meta
 from vlkit.compare.units import Unit, config_hash
+from vlkit.models.base import build_model
+from vlkit.objectives.mix import build_pretraining
 from vlkit.train import pipeline
 
 
@@ -136,9 +139,8 @@ class Comparison:
         naming the run: a typo in a comparison file fails here, not after the plan is written. The mix is built
         for the run's model (on the meta device, as the plan and the account build it), so an objective the model
         cannot serve (MIM on a region family) is refused here, not after the units ran."""
-        from vlkit.compare.flops import on_meta
-        from vlkit.models.base import build_model, split_model_config
-        from vlkit.objectives.mix import build_pretraining, check_mix
+        from vlkit.models.base import split_model_config
+        from vlkit.objectives.mix import check_mix
         from vlkit.registry import MODELS
 
         for spec in self.specs:
