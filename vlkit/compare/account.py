@@ -201,7 +201,7 @@ def read_sessions(output_dir: Path, heartbeat: float = HEARTBEAT_S, set_aside: l
                             record["started"])
             end = now if running else record["last_seen"]
             record["end"] = "running" if running else "killed"
-        record["span_s"] = end - record["started"]
+        record["span_s"] = max(0.0, end - record["started"])  # a running one begun within the clocks' skew
         out.append(record)
     return out
 

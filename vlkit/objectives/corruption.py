@@ -93,7 +93,8 @@ class Corruption(abc.ABC):
                    and getattr(out, f.name).shape != getattr(batch, f.name).shape]
         if changed:
             raise CorruptionContractError(f"{what}: apply() changed the shape of {', '.join(changed)}; a view returns "
-                                          "the batch corrupted in place of its values, every input of its shape")
+                                          "a corrupted copy of the batch, every input's shape unchanged "
+                                          "(vlkit.objectives.corruption.Corruption.apply)")
         return out
 
 
