@@ -236,8 +236,10 @@ def _missing_option(command: str, err: Any) -> UsageError:
 
         options = sorted({*options, *list_presets()})
     extra = " or a path to a .yaml file of that format" if group in ("objectives", "compare") else ""
+    from vlkit.registry import failed_plugins_note
+
     return UsageError(f"vlkit {command}: unknown {group} {option!r}{_suggest(option, options, f'{group}=')} "
-                      f"Choose {group}= from: {', '.join(options)}{extra}.")
+                      f"Choose {group}= from: {', '.join(options)}{extra}{failed_plugins_note()}.")
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:

@@ -6,9 +6,12 @@ family files, ``vlkit.tasks``' its tasks ...), imported once on the registry's f
 no room above it: the homes of the registries made here are set by the package root, the facade that names
 the rest lazily (``vlkit/__init__.py``); a registry made in its own room passes ``home=__name__`` or none.
 Third-party packages add entries through the ``vlkit.plugins`` entry-point group (each entry point is
-imported, and called if it is callable). Task heads are keyed by ``(task, family)`` (`HeadRegistry`): a family registers
-its own heads beside its model, and a task falls back to the generic heads registered without a
-family. Converters of released checkpoints are keyed by family with the key signature of its files
+imported, and called if it is callable). A plugin that fails to import or to register is left out whole (what it
+registered before failing is taken back), reported once (a warning of the ``vlkit.plugins`` logger naming its
+package and entry point), and named with its error when a name nobody registered is asked for
+(`plugin_failures`): one broken plugin never blocks vlkit or the other plugins. Task heads are keyed by
+``(task, family)`` (`HeadRegistry`): a family registers its own heads beside its model, and a task falls back to
+the generic heads registered without a family. Converters of released checkpoints are keyed by family with the key signature of its files
 (`ConverterRegistry`), which also answers which family a state dict is.
 
 A registration is checked when it happens (`RegistrationError`, naming the entry and the rule): an entry
@@ -20,12 +23,18 @@ a converter whose key signature overlaps another's is refused (a state dict woul
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import entry_points
+import logging
+from importlib.metadata import EntryPoint, entry_points, packages_distributions
 from typing import Any, Callable, Iterator
 
 PLUGIN_GROUP = "vlkit.plugins"
 
 _plugins_loaded = False
+_journal: list[tuple[dict, Any, Any]] | None = None  # while a plugin loads: (table, key, what it held) per change
+_ABSENT = object()
+_plugin_failures: dict[str, str] = {}  # "<package> (entry point <name> = <value>)" -> why it failed
+
+log = logging.getLogger("vlkit.plugins")
 
 
 class RegistrationError(ValueError):
@@ -37,6 +46,16 @@ def describe_entry(obj: Any) -> str:
     """``module.Name`` of a registered object (how registration messages name a plugin's entry)."""
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or type(obj).__name__
     return f"{getattr(obj, '__module__', None) or '?'}.{name}"
+
+
+def plugin_of(obj: Any) -> str:
+    """How messages name where an entry comes from: ``""`` for vlkit's own, else ``", plugin package <name>"`` (the
+    installed distribution that holds its module; its top-level module when none does)."""
+    if builtin(obj):
+        return ""
+    top = (getattr(obj, "__module__", None) or "?").split(".")[0]
+    packages = packages_distributions().get(top) or [top]
+    return f", plugin package {', '.join(dict.fromkeys(packages))}"
 
 
 def builtin(obj: Any) -> bool:
@@ -61,16 +80,57 @@ class UnknownHeadError(UnknownNameError, ValueError):
     """A head name that a family does not offer for a task (also a `ValueError`: a bad task option)."""
 
 
+def plugin_name(ep: EntryPoint) -> str:
+    """How messages name a plugin: its package and its entry point."""
+    package = ep.dist.name if ep.dist is not None else ep.value.split(":")[0].split(".")[0]
+    return f"{package} (entry point {ep.name} = {ep.value})"
+
+
 def load_plugins() -> None:
-    """Import every ``vlkit.plugins`` entry point once (a callable entry point is called)."""
-    global _plugins_loaded
+    """Import every ``vlkit.plugins`` entry point once (a callable entry point is called). One that raises (on import
+    or on registering) is left out: its registrations are taken back, it is reported once (a warning of the
+    ``vlkit.plugins`` logger) and kept in `plugin_failures`."""
+    global _plugins_loaded, _journal
     if _plugins_loaded:
         return
     _plugins_loaded = True
     for ep in entry_points(group=PLUGIN_GROUP):
-        obj = ep.load()
-        if callable(obj):
-            obj()
+        _journal = []
+        try:
+            obj = ep.load()
+            if callable(obj):
+                obj()
+        except Exception as err:  # noqa: BLE001 - any error of a plugin's code: vlkit goes on without it
+            for table, key, held in reversed(_journal):  # take back what it registered before failing
+                if held is _ABSENT:
+                    table.pop(key, None)
+                else:
+                    table[key] = held
+            why = f"{type(err).__name__}: {err}"
+            _plugin_failures[plugin_name(ep)] = why
+            log.warning("vlkit: plugin %s failed to load and is left out: %s", plugin_name(ep), why)
+        finally:
+            _journal = None
+
+
+def _changing(table: dict, key: Any, obj: Any) -> None:
+    """``table[key]`` is about to change for ``obj``: while a plugin loads, note what it held (`load_plugins` takes a
+    failed plugin's changes back; the built-ins its registration loads stay)."""
+    if _journal is not None and not builtin(obj):
+        _journal.append((table, key, table.get(key, _ABSENT)))
+
+
+def failed_plugins_note() -> str:
+    """What an unknown-name message adds while a plugin failed to load: ``"; plugin <package> (entry point ...)
+    failed to load (<why>) and may be the one that provides it"``, else ``""``."""
+    return "".join(f"; plugin {who} failed to load ({why}) and may be the one that provides it"
+                   for who, why in _plugin_failures.items())
+
+
+def plugin_failures() -> dict[str, str]:
+    """The ``vlkit.plugins`` entry points that failed to load: ``"<package> (entry point <name> = <value>)"`` -> why."""
+    load_plugins()
+    return dict(_plugin_failures)
 
 
 class Registry:
@@ -86,6 +146,7 @@ class Registry:
         def decorator(obj: Any) -> Any:
             key = name or getattr(obj, "name", None) or obj.__name__.lower()
             self._admit(obj, key, self._entries.get(key), override)
+            _changing(self._entries, key, obj)
             self._entries[key] = obj
             return obj
 
@@ -128,7 +189,7 @@ class Registry:
         if name not in self._entries:
             raise UnknownNameError(
                 f"unknown {self.kind} {name!r}{did_you_mean(name, self.names())}; registered {self.kind}s: "
-                f"{', '.join(self.names()) or '(none)'}"
+                f"{', '.join(self.names()) or '(none)'}{failed_plugins_note()}"
             )
         return self._entries[name]
 
@@ -167,9 +228,12 @@ class HeadRegistry(Registry):
         def decorator(obj: Any) -> Any:
             self._admit(obj, (task, family, name), (self._entries.get((task, family)) or {}).get(name), override,
                         f"head {name!r} of task {task!r} for {family or 'every family'}")
+            _changing(self._entries, (task, family), obj)
             heads = self._entries.setdefault((task, family), {})
+            _changing(heads, name, obj)
             heads[name] = obj
             if default or (task, family) not in self._defaults:
+                _changing(self._defaults, (task, family), obj)
                 self._defaults[(task, family)] = name
             return obj
 
@@ -244,6 +308,7 @@ class ConverterRegistry(Registry):
                 raise RegistrationError(f"converter {family!r} ({describe_entry(obj)}): its signature prefix {mine!r} "
                                         f"overlaps {theirs!r} of converter {other!r}, so a state dict would be claimed "
                                         "by both; give key prefixes only this family's checkpoints carry")
+            _changing(self._signatures, family, obj)
             self._signatures[family] = (description or f"a {family} checkpoint", tuple(signature))
             return obj
 

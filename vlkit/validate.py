@@ -10,6 +10,8 @@ collect every problem before stopping (the preflight); ``check_*(...)`` raises `
 - `image_size_problems`: images too small or too elongated for a detector.
 - `region_problems`: at least one box, finite values, boxes well-ordered and inside the image.
 - `nonfinite_inputs`: which examples of a batch carry NaN / inf inputs.
+- `check_no_custom_code`: a tokenizer, config or model folder whose JSON maps a class to Python code of its own
+  (``auto_map``) is refused, naming the folder and the file: vlkit never runs such code (``trust_remote_code=False``).
 - `SkipLog` and ``ON_ERROR``: ``on_error: raise | skip``; skipped ids are counted, logged and written
   with their reason as JSON lines (``skipped.jsonl``).
 """
@@ -98,6 +100,41 @@ def image_folder(root: str | os.PathLike, suffixes: Sequence[str] = IMAGE_SUFFIX
     if not_read:
         log.warning(folder.report())
     return folder
+
+
+class CustomCodeError(DataError):
+    """A folder that maps a class to Python code of its own (``auto_map``): vlkit does not run it."""
+
+
+def custom_code(folder: str | os.PathLike) -> tuple[str, str, str] | None:
+    """``(JSON file, class, Python file)`` of the first ``auto_map`` entry among a folder's JSON files (a config, a
+    tokenizer or processor config: what transformers imports from the folder under ``trust_remote_code``); None when
+    none maps one."""
+    for path in sorted(Path(folder).glob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue  # not ours to judge: the loader names a damaged file
+        mapped = data.get("auto_map") if isinstance(data, dict) else None
+        for auto_class, refs in (mapped.items() if isinstance(mapped, dict) else ()):
+            for ref in refs if isinstance(refs, (list, tuple)) else [refs]:
+                if isinstance(ref, str) and "." in ref:
+                    repo, _, module = ref.rpartition("--")
+                    file = module.rsplit(".", 1)[0].replace(".", "/") + ".py"
+                    return path.name, auto_class, file + (f" of the hub repository {repo}" if repo else "")
+    return None
+
+
+def check_no_custom_code(folder: str | os.PathLike, key: str) -> None:
+    """Refuse (`CustomCodeError`, naming ``key``, the folder, the JSON file and the Python file) a folder whose
+    classes are its own code (`custom_code`), before transformers could ask to run it."""
+    found = custom_code(folder)
+    if found:
+        json_file, auto_class, file = found
+        raise CustomCodeError(f"{key}={folder}: {json_file} maps {auto_class} to custom code ({file}, auto_map); vlkit "
+                              "never runs code from a tokenizer, config or model folder (trust_remote_code=False): "
+                              "use a folder whose classes transformers provides (one written by save_pretrained of "
+                              "a standard tokenizer or model), or remove auto_map if those classes are standard")
 
 
 def _name(image_id: Any, path: Any) -> str:

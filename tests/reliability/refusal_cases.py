@@ -61,13 +61,14 @@ def refexp_files(tmp: Path, refs: Path) -> list[str]:
     return ["task=refexp", "task.source=files", f"task.refs={refs}", f"task.instances={tmp / 'instances.json'}"]
 
 
-def vqa_files(tmp: Path, duplicate: bool = True) -> tuple[Path, Path]:
-    """VQA v2 questions and annotations of the shapes world's images; the annotations give question_id 2 twice."""
+def vqa_files(tmp: Path, duplicate: bool = True, string_ids: bool = False) -> tuple[Path, Path]:
+    """VQA v2 questions and annotations of the shapes world's images; the annotations give question_id 2 twice
+    (``duplicate``); ``string_ids``: every question_id a string ("q1" ...), as the official files never write them."""
     from vlkit.data.shapes import ShapesWorld
 
     world = ShapesWorld(0, 20, 128)
-    questions = [{"question_id": k, "image_id": world.image_id(k % 10), "question": "what colour is the circle"}
-                 for k in range(1, 5)]
+    questions = [{"question_id": f"q{k}" if string_ids else k, "image_id": world.image_id(k % 10),
+                  "question": "what colour is the circle"} for k in range(1, 5)]
     anns = [{"question_id": q["question_id"], "image_id": q["image_id"], "answer_type": "other",
              "question_type": "what color", "multiple_choice_answer": "red",
              "answers": [{"answer": "red", "answer_id": j} for j in range(1, 11)]} for q in questions]
@@ -90,6 +91,13 @@ def jsonl_run(tmp: Path, *extra: str, steps: int = 1) -> list[str]:
     store = raw_store(tmp / "store.h5", images)
     caps = captions(tmp / "caps.jsonl", list(images))
     return ["pretrain", "model=uniter", *jsonl_data(caps, store), *run_args(tmp / "out", steps), *extra]
+
+
+def comparison_file(tmp: Path, run: str) -> Path:
+    """A comparison of the shapes world (the smoke preset, one seed, VQA) whose only run is ``run``."""
+    path = tmp / "mine.yaml"
+    path.write_text(f"defaults: [smoke, _self_]\nseeds: [0]\ntasks: [vqa]\nruns:\n  - {run}\n")
+    return path
 
 
 def converted_over_a_run(tmp: Path) -> Path:
@@ -140,6 +148,16 @@ CASES = {
     "VQA question_id twice": (lambda t: shapes_run(t, "task=vqa", "task.source=files", "task.num_answers=2",
                                                    "task.files.train={questions:'%s',annotations:'%s'}" % vqa_files(t)),
                               "gives question_id 2 again (first at annotations[1])"),
+    "VQA string question_id": (lambda t: shapes_run(t, "task=vqa", "task.source=files", "task.num_answers=2",
+                                                    "task.files.train={questions:'%s',annotations:'%s'}"
+                                                    % vqa_files(t, duplicate=False, string_ids=True)),
+                               "annotations.json: annotations[0]: question_id 'q1' is a str; the VQA format's question ids "
+                               "are integers"),
+    # issue 54: a mix the model cannot serve, refused by the comparison's preflight
+    "compare: MIM on UNITER": (lambda t: ["compare", "compare=%s" % comparison_file(
+        t, "{name: uniter_mim, model: {name: uniter, preset: tiny}, objectives: meter_mim_discrete}"),
+        f"output_dir={t / 'out'}", "threads=1", "workers=1", "progress=false"],
+        "run uniter_mim: objective mix: mim masks image patches; uniter takes regions"),
     "predictions= an existing folder": (lambda t: ["evaluate", f"checkpoint={t / 'absent'}", "split=test",
                                                    f"predictions={t}"], "is a folder; name the file to write"),
     # class 8: overwrite replaces, and a replaced run is not continued

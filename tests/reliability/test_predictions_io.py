@@ -67,6 +67,23 @@ def test_vqa_annotations_giving_one_question_id_twice_are_refused(tmp_path, vlki
     assert code == 1 and expected in err and not (cli / "out" / "checkpoints").exists()
 
 
+def test_vqa_string_question_ids_are_refused_naming_the_file_and_the_first_id(tmp_path, vlkit_console):
+    """Issue 54: the official VQA files give integer question ids (the VQA API's getQuesIds: "integer array of
+    question ids"); at 455e9a4 string ids ended in a 60-line ArrowTypeError traceback called a bug."""
+    questions, annotations = vqa_files(tmp_path, duplicate=False, string_ids=True)
+    with pytest.raises(FormatError, match=rf"{questions}: questions\[0\]: question_id 'q1' is a str; the VQA format's "
+                                          r"question ids are integers"):
+        read_vqa(questions)
+    with pytest.raises(FormatError, match=rf"{annotations}: annotations\[0\]: question_id 'q1' is a str"):
+        read_vqa(questions, annotations)
+    make, expected = CASES["VQA string question_id"]  # fine-tuning on them: refused before step 1
+    cli = tmp_path / "cli"
+    cli.mkdir()
+    code, _, err = vlkit_console(*make(cli))
+    assert code == 1 and expected in err and "looks like a bug" not in err, err
+    assert not (cli / "out" / "checkpoints").exists()
+
+
 def test_predictions_naming_an_existing_folder_is_refused_before_predicting(tmp_path, vlkit_console):
     code, _, err = vlkit_console(*CASES["predictions= an existing folder"][0](tmp_path))
     # refused before the checkpoint is even read (it does not exist): no split is predicted first

@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from vlkit.compare.config import RunSpec, objective_mix, run_data, run_specs, task_cfg
+from vlkit.compare.flops import on_meta
 from vlkit.compare.units import Unit, config_hash
 from vlkit.environment import Environment, prepare_environment
+from vlkit.models.base import build_model
+from vlkit.objectives.mix import build_pretraining
 
 
 class Comparison:
@@ -133,7 +136,9 @@ class Comparison:
 
     def check_models(self) -> None:
         """Refuse, before any work, a run whose model (family, preset, fields) or objective mix cannot be built,
-        naming the run: a typo in a comparison file fails here, not after the plan is written."""
+        naming the run: a typo in a comparison file fails here, not after the plan is written. The mix is built
+        for the run's model (on the meta device, as the plan and the account build it), so an objective the model
+        cannot serve (MIM on a region family) is refused here, not after the units ran."""
         from vlkit.models.base import split_model_config
         from vlkit.objectives.mix import check_mix
         from vlkit.registry import MODELS
@@ -145,6 +150,8 @@ class Comparison:
                 mix = objective_mix(spec)
                 if mix is not None:
                     check_mix(mix)
+                    model = on_meta(lambda: build_model(spec.model))
+                    on_meta(lambda: build_pretraining(model, mix))
             except (LookupError, ValueError, TypeError, OSError) as err:
                 raise ValueError(f"compare: run {spec.name}: {describe(err)}") from None
 

@@ -8,7 +8,14 @@ import abc
 from pathlib import Path
 from typing import Any, Callable
 
-from vlkit.registry import EXECUTORS
+from vlkit.registry import EXECUTORS, describe_entry, plugin_of
+
+OUTCOME_STATES = ("finished", "failed", "died")  # how a unit ends, as `Executor.wait` reports it
+
+
+class ExecutorContractError(RuntimeError):
+    """An executor broke its contract at run time (what `Executor.wait` returned): the message names the executor,
+    its class and its plugin package."""
 
 
 class Executor(abc.ABC):
@@ -78,6 +85,38 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Stop what still runs."""
+
+
+def checked_wait(executor: Executor, timeout: float, running: set[str]) -> list[tuple[str, dict[str, Any]]]:
+    """``executor.wait(timeout)``, held to its contract: a list of ``(unit key, outcome)`` pairs of units it runs
+    (``running``), each outcome a mapping whose ``state`` is one of `OUTCOME_STATES`; anything else is an
+    `ExecutorContractError` naming the executor and its plugin (not a ``TypeError`` inside the scheduler)."""
+    result = executor.wait(timeout=timeout)
+    problem = None if isinstance(result, (list, tuple)) else f"returned {_shown(result)}, not a list"
+    for item in result if problem is None else ():
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            problem = f"returned the item {_shown(item)}, not a (unit key, outcome) pair"
+        elif item[0] not in running:
+            problem = f"reported unit {item[0]!r}, which it does not run (running: " \
+                      f"{', '.join(sorted(running)) or 'none'})"
+        elif not isinstance(item[1], dict) or item[1].get("state") not in OUTCOME_STATES:
+            problem = f"reported unit {item[0]}'s outcome as {_shown(item[1])}, not a mapping whose state is " \
+                      f"{', '.join(OUTCOME_STATES)}"
+        if problem:
+            break
+    if problem is None:
+        return list(result)
+    cls = type(executor)
+    raise ExecutorContractError(
+        f"executor {cls.name!r} ({describe_entry(cls)}{plugin_of(cls)}): wait() {problem}. Its contract "
+        "(vlkit.compare.executor_base.Executor.wait): a list of (unit key, outcome) pairs for the units that ended, "
+        "each outcome a mapping whose state is finished, failed or died. No further unit starts; what ran is kept: "
+        "fix the executor, then go on with resume=true")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def executors() -> dict[str, type[Executor]]:

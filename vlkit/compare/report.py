@@ -234,22 +234,32 @@ def units_markdown(output_dir: Path, states: list, acct: dict[str, Any]) -> str:
         rows.append([key, st, str(unit.get("attempts", 0)), f"{unit.get('unit_s', 0):,.1f}",
                      f"{unit.get('wasted_s', 0):,.1f}", figure(unit.get("planned_hours")), figure(unit.get("device_hours")),
                      "–" if unit.get("mfu") is None else f"{unit['mfu']:.1%}", note])
-    device = acct["plan"]["device"]
+    device = (acct["plan"] or {}).get("device", "device")
     summary = ", ".join(f"{n} {st}" for st, n in sorted(counts.items()))
     return (f"# Units of {output_dir}\n\n{len(states)} units: {summary}.\n\n"
             + markdown_table(["unit", "status", "attempts", "unit-s", "wasted s", f"planned {device}-h",
                               f"spent {device}-h", "achieved MFU", "error / started"], rows) + "\n")
 
 
+def account_notes(acct: dict[str, Any]) -> list[str]:
+    """What the account could not make (``not_accounted``) and the records it set aside (``set_aside``), one line
+    each naming the file and why."""
+    return [f"Not accounted: {why}." for why in acct.get("not_accounted", [])] + \
+        [f"Set aside: {a['file']}: {a['why']}." for a in acct.get("set_aside", [])]
+
+
 def account_line(acct: dict[str, Any]) -> str:
-    """The account in one sentence (results.md's header, `vlkit compare-report`)."""
-    sessions = len(acct["sessions"])
-    plan = acct["plan"]
+    """The account in one sentence (results.md's header, `vlkit compare-report`), then its notes (`account_notes`)."""
+    if acct["wall_s"] is None:
+        return "\n".join(account_notes(acct))
+    plan, sessions = acct["plan"], len(acct["sessions"])
     mfu = "" if acct["mfu"] is None else f", achieved MFU {acct['mfu']:.1%}"
-    return (f"Spent: wall time {acct['wall_s']:,.0f} s over {sessions} session(s); {acct['unit_s']:,.0f} unit-s in "
+    device = plan["device"] if plan else "device"
+    planned = f" against {figure(plan['device_hours'])} planned at MFU {plan['mfu']:.1%}" if plan else ""
+    line = (f"Spent: wall time {acct['wall_s']:,.0f} s over {sessions} session(s); {acct['unit_s']:,.0f} unit-s in "
             f"{acct['attempts']} attempt(s) ({acct['died']} died, {acct['failed']} failed: {acct['wasted_unit_s']:,.0f} "
-            f"unit-s wasted); {figure(acct['device_hours'])} {plan['device']}-hours against "
-            f"{figure(plan['device_hours'])} planned at MFU {plan['mfu']:.1%}{mfu}.")
+            f"unit-s wasted); {figure(acct['device_hours'])} {device}-hours{planned}{mfu}.")
+    return "\n".join([line, *account_notes(acct)])
 
 
 def _stage(key: str) -> str:
@@ -265,6 +275,9 @@ def account_section(acct: dict[str, Any]) -> list[str]:
     def clock(t: float | None) -> str:
         return "–" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
+    if acct["wall_s"] is None:  # the account itself failed: what failed, and the units' records are kept
+        return ["## What it spent", "", account_line(acct), "",
+                "Each finished unit's record is kept under `runs/`; `vlkit compare-report` accounts again.", ""]
     rows = [[str(s["session"]), clock(s["started"]), clock(s["ended"] or s["last_seen"]), f"{s['span_s']:,.0f}",
              s["end"], s["host"], s["executor"], str(s["finished"]), str(s["failed"]), str(s["died"]),
              str(s["retried"]), f"`{s['command']}`"] for s in acct["sessions"]]
@@ -280,7 +293,7 @@ def account_section(acct: dict[str, Any]) -> list[str]:
         if unit["mfu"]:
             stage["flops"] += unit["planned_flops"]
             stage["peak_s"] += unit["planned_flops"] / unit["mfu"]
-    plan = acct["plan"]
+    plan = acct["plan"] or {"device": "device"}
     lines = [[name, str(s["units"]), str(s["attempts"]), f"{s['unit_s']:,.0f}", figure(s["planned_hours"]),
               figure(s["device_hours"]), f"{s['flops'] / s['peak_s']:.1%}" if s["peak_s"] else "–"]
              for name, s in stages.items()]
@@ -292,10 +305,11 @@ def account_section(acct: dict[str, Any]) -> list[str]:
             "the attempts it started:", "",
             markdown_table(["session", "started", "ended", "wall s", "end", "host", "executor", "finished", "failed",
                             "died", "retried", "command"], rows), "",
-            f"Spent beside planned: the FLOP plan of these units on {plan['device']} at MFU {plan['mfu']:.1%} "
-            f"({plan['mfu_source']}); spent device-hours count every attempt; achieved MFU = planned FLOPs of the "
-            "finished units / (their spent seconds x devices x the device's peak): set `compare.plan.mfu` from it. "
-            "Each unit: `units.md`.", "",
+            (f"Spent beside planned: the FLOP plan of these units on {plan['device']} at MFU {plan['mfu']:.1%} "
+             f"({plan['mfu_source']}); spent device-hours count every attempt; achieved MFU = planned FLOPs of the "
+             "finished units / (their spent seconds x devices x the device's peak): set `compare.plan.mfu` from it. "
+             if "mfu" in plan else "Spent, without the plan (it failed, above); spent device-hours count every "
+             "attempt. ") + "Each unit: `units.md`.", "",
             markdown_table(["stage", "units", "attempts", "unit-s", f"planned {plan['device']}-h",
                             f"spent {plan['device']}-h", "achieved MFU"], lines), ""]
 

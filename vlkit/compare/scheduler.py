@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vlkit.compare.comparison import Comparison
+from vlkit.compare.executor_base import checked_wait
 from vlkit.compare.looks import next_look
 from vlkit.compare.statistics import HEADLINE
 from vlkit.compare.units import Unit, UnitFolder, rerun_reason, status
@@ -92,7 +93,7 @@ def drive(units: list[str], depends: dict[str, str | None], executor: Any, retri
             if waiting:
                 raise RuntimeError(f"compare: {waiting[0]} waits for {depends.get(waiting[0])}, which never runs")
             continue
-        for key, outcome in executor.wait(timeout=1.0):
+        for key, outcome in checked_wait(executor, 1.0, running):
             running.discard(key)
             if outcome["state"] == "died" and attempts[key] <= retries:
                 ended(key, "retrying", f"{outcome.get('error')}; retry {attempts[key]} of {retries}")

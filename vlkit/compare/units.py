@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from vlkit.runtime import pid_alive
+from vlkit.runtime import pid_alive, process_started
 
 UNIT_FILE = "unit.json"
 TRACEBACK_FILE = "traceback.txt"
@@ -151,7 +151,7 @@ class UnitFolder:
         attempts = [close_attempt(a, self.last_seen()) for a in previous.get("attempts", [])]
         now = time.time()
         attempts.append({"attempt": attempt, "session": session, "host": socket.gethostname(), "pid": os.getpid(),
-                         "started": now, "state": "running"})
+                         "pid_started": process_started(), "started": now, "state": "running"})
         self._write({"unit": self.key, "state": "running", "hash": unit_hash, "config": config, "attempt": attempt,
                      "host": socket.gethostname(), "pid": os.getpid(), "started": now, "attempts": attempts})
         return attempt

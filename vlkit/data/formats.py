@@ -278,6 +278,17 @@ def read_vg_regions(path: PathLike) -> list[dict]:
 # --------------------------------------------------------------------------------------------
 # Downstream tasks
 # --------------------------------------------------------------------------------------------
+def _question_id(entry: Any, where: str, field: str) -> int:
+    """An entry's ``question_id``, an integer as in the official VQA files (the VQA API's ``getQuesIds``: "integer
+    array of question ids", GT-Vision-Lab/VQA ``vqaTools/vqa.py``); `FormatError` naming the file and the first id of
+    another type (a string id would reach the results table and fail there in an Arrow type error)."""
+    qid = _get(entry, "question_id", where)
+    if not isinstance(qid, int) or isinstance(qid, bool):
+        raise FormatError(f"{where}: question_id {qid!r} is a {type(qid).__name__}; the VQA format's question ids are "
+                          f"integers, as in the official {field} files: write each question_id of the file as a number")
+    return qid
+
+
 def _once(qid: Any, k: int, seen: dict[Any, int], path: PathLike, field: str) -> None:
     """`FormatError` when ``question_id`` ``qid`` (``path``'s ``field[k]``) was given before: the VQA format gives each
     question one entry, and a second one would silently replace the first."""
@@ -291,19 +302,19 @@ def read_vqa(questions_path: PathLike, annotations_path: PathLike | None = None,
              image_id_format: str = "{}") -> list[dict]:
     """VQA v2 questions (+ annotations) json: ``{id, question_id, image_id, question, answers
     (the 10 raw answer strings; [] without annotations), answer_type, question_type,
-    multiple_choice_answer}`` in question order."""
+    multiple_choice_answer}`` in question order. Question ids are integers, as in the official files."""
     questions = _get_list(_load_json(questions_path), "questions", str(questions_path))
     anns: dict[int, dict] = {}
     if annotations_path is not None:
         first: dict[Any, int] = {}
         for k, ann in enumerate(_get_list(_load_json(annotations_path), "annotations", str(annotations_path))):
-            qid = _get(ann, "question_id", f"{annotations_path}: annotations[{k}]")
+            qid = _question_id(ann, f"{annotations_path}: annotations[{k}]", "annotations")
             _once(qid, k, first, annotations_path, "annotations")
             anns[qid] = ann
     out, seen = [], {}
     for k, q in enumerate(questions):
         where = f"{questions_path}: questions[{k}]"
-        qid = _get(q, "question_id", where)
+        qid = _question_id(q, where, "questions")
         _once(qid, k, seen, questions_path, "questions")
         rec = {"id": str(qid), "question_id": qid,
                "image_id": _format_id(_get(q, "image_id", where), image_id_format, where),

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from vlkit.validate import DataError
+from vlkit.validate import DataError, check_no_custom_code
 
 SHAPES = "shapes"
 TOKENIZER_DIR = "tokenizer"  # a run's own tokenizer: <output_dir>/tokenizer/
@@ -171,6 +171,7 @@ def build_tokenizer(name: str | os.PathLike | None, key: str = "data.tokenizer")
                                  f"{FILES_HELP}")
         if _vocabulary_only(folder):
             return vocabulary_tokenizer(folder, key)
+        check_no_custom_code(folder, key)
         return _load(str(folder), key, local_only=True)
     if _cached(name):
         return _load(name, key, local_only=True)
@@ -185,7 +186,7 @@ def _load(name: str, key: str, local_only: bool) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(name, local_files_only=local_only)
+        return AutoTokenizer.from_pretrained(name, local_files_only=local_only, trust_remote_code=False)
     except (OSError, ValueError) as err:
         raise TokenizerError(f"{key}={name}: the tokenizer could not be loaded ({err}); {_help(name, key)}") from err
 

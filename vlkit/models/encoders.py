@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from vlkit.models.embeddings import interpolate_pos_embed
 from vlkit.registry import register_encoder
+from vlkit.validate import check_no_custom_code
 
 
 def load_state_dict_file(path: str | Path) -> dict[str, Tensor]:
@@ -55,9 +56,12 @@ def build_text_encoder(model_type: str = "roberta", pretrained: str | None = Non
     if pretrained:
         if not Path(pretrained).exists():
             raise FileNotFoundError(f"text encoder directory {pretrained} does not exist (no hub downloads)")
-        return AutoModel.from_pretrained(pretrained, add_pooling_layer=False, attn_implementation="sdpa")
+        check_no_custom_code(pretrained, "text encoder")
+        return AutoModel.from_pretrained(pretrained, add_pooling_layer=False, attn_implementation="sdpa",
+                                         trust_remote_code=False)
     hf_config = AutoConfig.for_model(model_type, **(config or {}))
-    return AutoModel.from_config(hf_config, add_pooling_layer=False, attn_implementation="sdpa")
+    return AutoModel.from_config(hf_config, add_pooling_layer=False, attn_implementation="sdpa",
+                                 trust_remote_code=False)
 
 
 def build_clip_vision(width: int = 768, layers: int = 11, heads: int = 12, patch_size: int = 16,

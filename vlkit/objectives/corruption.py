@@ -11,6 +11,7 @@ The masking defaults are the keyword defaults of the masking primitives (`vlkit.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import inspect
 from typing import Any, Callable, ClassVar, Mapping
 
@@ -18,10 +19,10 @@ import torch
 
 from vlkit.objectives.base import Objective, PassContext
 from vlkit.objectives.masking import mask_patches, mask_regions, mask_tokens
-from vlkit.registry import CORRUPTIONS, RegistrationError, describe_entry, register_corruption
+from vlkit.registry import CORRUPTIONS, RegistrationError, builtin, describe_entry, plugin_of, register_corruption
 from vlkit.types import VLBatch
 
-__all__ = ["BASE_KEYS", "Corruption", "keyword_defaults", "masking_options", "views"]
+__all__ = ["BASE_KEYS", "Corruption", "CorruptionContractError", "keyword_defaults", "masking_options", "views"]
 
 # the keys of a mix besides the views' options blocks (`Corruption.options_key`)
 BASE_KEYS = ("sampling", "masking", "seed", "mask_only_matched", "objectives")
@@ -70,6 +71,35 @@ class Corruption(abc.ABC):
     def apply(self, mix: Any, batch: VLBatch, ctx: PassContext, generator: torch.Generator) -> VLBatch:
         """The corrupted ``batch`` (a new one; the input is never modified), noting in ``ctx`` what changed (the
         objectives' targets; ``text_from`` / ``image_from`` = None for a side that no longer shows the clean batch)."""
+
+    def corrupt(self, mix: Any, batch: VLBatch, ctx: PassContext, generator: torch.Generator) -> VLBatch:
+        """`apply`, held to its contract: a `VLBatch` whose inputs keep the shapes of ``batch``'s. A view that breaks
+        it, or a plugin's view that fails, is a `CorruptionContractError` naming the view, its class and its plugin
+        package (not a shape error inside the model)."""
+        cls = type(self)
+        what = f"corruption view {self.name!r} ({describe_entry(cls)}{plugin_of(cls)})"
+        try:
+            out = self.apply(mix, batch, ctx, generator)
+        except Exception as err:
+            if builtin(cls):
+                raise
+            raise CorruptionContractError(f"{what}: apply() failed: {type(err).__name__}: {err}") from err
+        if not isinstance(out, VLBatch):
+            raise CorruptionContractError(f"{what}: apply() returned {type(out).__name__}, not a VLBatch (the "
+                                          "corrupted copy of the batch)")
+        changed = [f"{f.name} {tuple(getattr(out, f.name).shape)} (given {tuple(getattr(batch, f.name).shape)})"
+                   for f in dataclasses.fields(VLBatch) if isinstance(getattr(batch, f.name), torch.Tensor)
+                   and isinstance(getattr(out, f.name), torch.Tensor)
+                   and getattr(out, f.name).shape != getattr(batch, f.name).shape]
+        if changed:
+            raise CorruptionContractError(f"{what}: apply() changed the shape of {', '.join(changed)}; a view returns "
+                                          "a corrupted copy of the batch, every input's shape unchanged "
+                                          "(vlkit.objectives.corruption.Corruption.apply)")
+        return out
+
+
+class CorruptionContractError(ValueError):
+    """A corruption view whose `Corruption.apply` broke its contract (the message names the view and its plugin)."""
 
 
 def views() -> dict[str, type[Corruption]]:

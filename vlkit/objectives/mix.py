@@ -230,7 +230,7 @@ class Pretraining(nn.Module):
         ctx = PassContext(original=batch, text_from=rows, image_from=rows)
         for name, view in self.corruptions.items():
             if name in views:
-                batch = view.apply(self, batch, ctx, generator)
+                batch = view.corrupt(self, batch, ctx, generator)
         return batch, ctx
 
     def _fuse_options(self, wanted: list, batch: VLBatch, image: Encoded) -> dict[str, Any]:
