@@ -147,7 +147,7 @@ class UsageError(ValueError):
 
 
 def _register(command: str | None = None) -> None:
-    from vlkit.compare.config import register_configs
+    from vlkit.compare.spec import register_configs
 
     register_configs(command)
 
@@ -461,17 +461,26 @@ def run(argv: list[str], started: float | None = None) -> int:
     return result if isinstance(result, int) else 0
 
 
+def explicit_keys(overrides: list[str] | None) -> set[str]:
+    """The config keys a command line sets (``model=uniter`` -> ``model``, ``+a.b=1`` -> ``a.b``)."""
+    keys = set()
+    for override in overrides or ():
+        key, sep, _ = override.partition("=")
+        if sep:
+            keys.add(key.lstrip("+~"))
+    return keys
+
+
 def build_spec(command: str, cfg: Any, overrides: list[str], started: float | None = None) -> Any:
     """The typed spec of ``command`` from its composed config ``cfg`` and the command line's ``overrides`` (the keys
     they set are the explicit ones); every key's problem is raised at once (`vlkit.config.SpecError`), named as the
     command line names it (``data.on_error``)."""
     from vlkit.config import to_container
-    from vlkit.train.commands import explicit_keys
 
     explicit = frozenset(explicit_keys(overrides))
     plain = to_container(cfg)
     if command == "compare":
-        from vlkit.compare.config import CompareSpec
+        from vlkit.compare.spec import CompareSpec
 
         return CompareSpec.from_config(plain, explicit, argv=list(overrides), started=started)
     from vlkit.train.spec import SPECS

@@ -1,7 +1,7 @@
 """Training, evaluation and comparison as functions: `pretrain`, `finetune`, `evaluate`, `compare`.
 
 The Python door, beside the command line's (`vlkit.cli`), neither going through the other: each function builds
-its command's typed spec (`vlkit.train.spec`, `vlkit.compare.config.CompareSpec`) from its keyword arguments and
+its command's typed spec (`vlkit.train.spec`, `vlkit.compare.spec.CompareSpec`) from its keyword arguments and
 objects, and runs the command on it, so the same settings on the command line give an equal spec and bit-identical
 results. The defaults are the YAML's (``conf/<command>.yaml`` and the group options an argument names:
 ``mix="uniter"``, ``trainer="uniter"``, ``data="coco"``, ``task="vqa"``, ``preset="smoke"``); a dict (or a
@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -29,17 +30,19 @@ import yaml
 
 from vlkit.compare.command import ComparisonResult
 from vlkit.compare.command import main as compare_command
-from vlkit.compare.config import CompareSpec, comparison_file, register_configs
+from vlkit.compare.config import comparison_file
+from vlkit.compare.spec import CompareSpec, register_configs
 from vlkit.config import Problem, SpecError, compose_errors, defaults, group_options, merge_known, python_spelling
 from vlkit.io import atomic_write_text, config_dir, read_yaml
 from vlkit.models.base import MODELS, ModelConfig, VLModel, model_name
 from vlkit.models.recipe import recipe_of
-from vlkit.processor import VLProcessor
+from vlkit.processor import VLProcessor, load_model_and_processor
 from vlkit.registry import TASKS, did_you_mean
 from vlkit.runs import read_run_info
 from vlkit.train import commands
 from vlkit.train.pipeline import cache_dir as cache_root
-from vlkit.train.spec import EvaluateSpec, FinetuneSpec, PretrainSpec, RunResult
+from vlkit.train import spec as specs
+from vlkit.train.spec import EvaluateSpec, FinetuneSpec, PretrainSpec
 
 # How each function names the config keys it takes under another name (`vlkit.config.python_spelling`); any other
 # ``a.b.c`` is ``a={"b": {"c": ...}}``. docs/python.md tabulates them.
@@ -50,6 +53,20 @@ ARGUMENTS = {
     "compare": {"compare": "", "compare.runs": "runs"},
 }
 _quiet = False
+
+
+@dataclass
+class RunResult(specs.RunResult):
+    """The result of a `pretrain` / `finetune` / `evaluate` (`vlkit.train.spec.RunResult`: ``output_dir``,
+    ``metrics``, ``history``, ``record``, ``paths``), and its model with its processor (`load`)."""
+
+    def load(self) -> tuple[Any, Any]:
+        """(model, processor) of the run (`vlkit.load_model_and_processor`)."""
+        return load_model_and_processor(self.output_dir)
+
+
+def _loadable(result: specs.RunResult) -> RunResult:
+    return RunResult(**{f.name: getattr(result, f.name) for f in dataclasses.fields(result)})
 
 
 def set_quiet(quiet: bool = True) -> None:
@@ -188,7 +205,7 @@ def _model(call: _Call, model: Any) -> tuple[Any, VLProcessor | None, str | None
         return model, getattr(model, "processor", None), None
     if isinstance(model, ModelConfig):
         model = {"name": model.family, **model.to_dict()}
-    if isinstance(model, RunResult) or (isinstance(model, _PATH) and Path(model).is_dir()):
+    if isinstance(model, specs.RunResult) or (isinstance(model, _PATH) and Path(model).is_dir()):
         return os.fspath(model), None, os.fspath(model)
     if isinstance(model, str):
         call.choose("model", model)
@@ -325,7 +342,7 @@ def pretrain(model: Any, data: Any = None, *, mix: Any = None, trainer: Any = No
     spec = call.spec(lambda cfg: PretrainSpec.from_config(
         {**cfg, "init": init}, explicit=frozenset(call.explicit), processor=processor,
         invocation="vlkit.pretrain(...)", **_given(quiet)))
-    return _run(commands.pretrain, spec)
+    return _loadable(_run(commands.pretrain, spec))
 
 
 def finetune(model: Any, data: Any = None, *, task: Any = "vqa", trainer: Any = None, output_dir: Any = None,
@@ -351,7 +368,7 @@ def finetune(model: Any, data: Any = None, *, task: Any = "vqa", trainer: Any = 
     spec = call.spec(lambda cfg: FinetuneSpec.from_config(
         {**cfg, "init": init}, explicit=frozenset(call.explicit), processor=processor,
         invocation="vlkit.finetune(...)", **_given(quiet)))
-    return _run(commands.finetune, spec)
+    return _loadable(_run(commands.finetune, spec))
 
 
 def _task(call: _Call, task: Any) -> None:
@@ -398,7 +415,7 @@ def evaluate(run: Any, *, split: str | None = None, eval_splits: Sequence[str] |
     spec = call.spec(lambda cfg: EvaluateSpec.from_config(cfg, explicit=frozenset(call.explicit),
                                                           invocation="vlkit.evaluate(...)",
                                                           **_given(quiet)))
-    return _run(commands.evaluate, spec)
+    return _loadable(_run(commands.evaluate, spec))
 
 
 def compare(runs: Sequence[Any] | None = None, data: Any = None, *, preset: str = "default",

@@ -18,7 +18,8 @@ from typing import Any
 from vlkit.compare.account import Session, heartbeat_s
 from vlkit.compare.claims import check_claims
 from vlkit.compare.comparison import Comparison
-from vlkit.compare.config import CompareSpec, objective_mix
+from vlkit.compare.config import objective_mix
+from vlkit.compare.spec import CompareSpec
 from vlkit.compare.looks import replay_looks
 from vlkit.compare.records import collect, finished_results, unit_states
 from vlkit.compare.scheduler import run_session
@@ -104,7 +105,7 @@ class ComparisonResult:
 
 
 def main(spec: CompareSpec) -> ComparisonResult:
-    """Run the comparison ``spec`` (`vlkit.compare.config.CompareSpec`): check everything, write the plan, run this
+    """Run the comparison ``spec`` (`vlkit.compare.spec.CompareSpec`): check everything, write the plan, run this
     session's units on the executor (holding the output folder's lock, `vlkit.locks`), then the report."""
     output_dir = Path(spec.output_dir or Path("outputs") / "compare" / datetime.now().strftime("%Y%m%d-%H%M%S"))
     writes = {} if spec.config.get("dry_run") or int(os.environ.get("RANK", "0") or 0) else {"output_dir": output_dir}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from vlkit.config import plain
 from vlkit.locks import hold
@@ -23,16 +23,6 @@ from vlkit.train.spec import EvaluateSpec, FinetuneSpec, PretrainSpec, RunResult
 def _announce(spec: Any, what: str, payload: dict) -> None:
     if not spec.quiet:
         print(json.dumps({what: payload}, indent=2, sort_keys=True, default=str))
-
-
-def explicit_keys(overrides: Sequence[str] | None) -> set[str]:
-    """The config keys a command line sets (``model=uniter`` -> ``model``, ``+a.b=1`` -> ``a.b``)."""
-    keys = set()
-    for override in overrides or ():
-        key, sep, _ = override.partition("=")
-        if sep:
-            keys.add(key.lstrip("+~"))
-    return keys
 
 
 def _saved_init(spec: Any) -> str | None:

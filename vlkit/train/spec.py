@@ -36,7 +36,8 @@ class RunResult:
     """What a `pretrain` / `finetune` / `evaluate` left: ``output_dir`` (the run; for `evaluate` the evaluated
     run), ``metrics`` (fine-tuning and evaluation: ``<split>/<metric>``; pre-training: the last logged step's),
     ``history`` (this run's per-step records, as ``metrics.jsonl`` has them), ``record`` (``run.json``) and
-    ``paths`` (the files written)."""
+    ``paths`` (the files written). (The Python face's `vlkit.RunResult` adds ``load()``: the model and its
+    processor.)"""
 
     kind: str
     output_dir: Path
@@ -44,12 +45,6 @@ class RunResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)
     paths: dict[str, Path] = field(default_factory=dict)
-
-    def load(self) -> tuple[Any, Any]:
-        """(model, processor) of the run (`vlkit.load_model_and_processor`)."""
-        import vlkit
-
-        return vlkit.load_model_and_processor(self.output_dir)
 
     def __fspath__(self) -> str:  # a result stands for its folder: finetune(pretrain(...)), evaluate(finetune(...))
         return str(self.output_dir)
