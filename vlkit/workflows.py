@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -32,7 +33,7 @@ from vlkit.compare.command import ComparisonResult
 from vlkit.compare.command import main as compare_command
 from vlkit.compare.config import comparison_file
 from vlkit.compare.spec import CompareSpec, register_configs
-from vlkit.config import Problem, SpecError, compose_errors, defaults, group_options, merge_known, python_spelling
+from vlkit.config import Problem, SpecError, compose_errors, defaults, merge_known, python_spelling
 from vlkit.io import atomic_write_text, config_dir, read_yaml
 from vlkit.models.base import MODELS, ModelConfig, VLModel, model_name
 from vlkit.models.recipe import recipe_of
@@ -124,7 +125,7 @@ class _Call:
         try:
             cfg = defaults(config_dir(), self.function, self.choices)
         except compose_errors()[0] as err:  # an option the group lacks: name the argument that chose it
-            raise self._unknown_option() from err
+            raise self._unknown_option(err) from None
         problems: list[Problem] = []
         for key, value, known in self.values:
             *parents, leaf = key.split(".")
@@ -142,14 +143,17 @@ class _Call:
             raise SpecError(problems)
         return cfg
 
-    def _unknown_option(self) -> ValueError:
-        options = group_options(config_dir(), list(self.choices), job_name=f"vlkit-{self.function}-options")
-        for group, option in self.choices.items():
-            if option is not None and option not in options.get(group, []):
-                known = [o for o in options.get(group, []) if "/" not in o]
-                return ValueError(f"{self.spell(_GROUP_KEYS.get(group, group))}: unknown {group} {option!r}"
-                                  f"{did_you_mean(option, options.get(group, []))}; {group}s: {', '.join(known)}")
-        return ValueError(f"{self.function}: a group option is unknown ({self.choices})")
+    def _unknown_option(self, err: Exception) -> ValueError:
+        """The argument whose group option ``err`` (Hydra's missing config) names, with the closest options."""
+        found = re.search(r"Could not find '([^']+)'", str(err))
+        group, _, option = (getattr(err, "missing_cfg_file", None) or (found.group(1) if found else "")).strip("/") \
+            .rpartition("/")
+        if group.startswith("model/"):  # model=<family>/<preset>
+            group, option = "model", f"{group.partition('/')[2]}/{option}"
+        options = sorted(o for o in getattr(err, "options", None) or [] if not o.startswith("file_"))
+        chosen = self.choices.get(group, option)
+        return ValueError(f"{self.spell(_GROUP_KEYS.get(group, group))}: unknown {group} {chosen!r}"
+                          f"{did_you_mean(chosen, options)}; {group}: {', '.join(options)}")
 
     def spec(self, build: Callable[[dict[str, Any]], Any]) -> Any:
         """``build(config)``: the spec, its problems named as the caller wrote each key."""
