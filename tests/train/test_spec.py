@@ -240,7 +240,7 @@ def test_the_command_holds_its_folders_lock_from_python_too(tmp_path):
 
 
 def test_quiet_mode_prints_no_summary_and_returns_the_results(tmp_path, capsys):
-    kwargs = dict(trainer={**TRAINER, "max_steps": 1}, cache_dir=tmp_path / "cache", threads=1)
+    kwargs = dict(trainer={**TRAINER, "max_steps": 1, "warmup": 0}, cache_dir=tmp_path / "cache", threads=1)
     result = vlkit.pretrain("uniter/tiny", {"name": "shapes", "num_images": 20}, output_dir=tmp_path / "a",
                             quiet=True, **kwargs)
     assert result.metrics["step"] == 1 and '"pretrain"' not in capsys.readouterr().out
@@ -248,7 +248,8 @@ def test_quiet_mode_prints_no_summary_and_returns_the_results(tmp_path, capsys):
     try:
         again = vlkit.pretrain("uniter/tiny", {"name": "shapes", "num_images": 20}, output_dir=tmp_path / "b",
                                **kwargs)
-        assert '"pretrain"' not in capsys.readouterr().out and again.history == result.history
+        assert '"pretrain"' not in capsys.readouterr().out
+        assert [r["loss"] for r in again.history] == [r["loss"] for r in result.history]
         vlkit.pretrain("uniter/tiny", {"name": "shapes", "num_images": 20}, output_dir=tmp_path / "c", quiet=False,
                        **kwargs)
         assert '"pretrain"' in capsys.readouterr().out

@@ -22,6 +22,7 @@ from vlkit.compare.config import objective_mix
 from vlkit.compare.spec import CompareSpec
 from vlkit.compare.looks import replay_looks
 from vlkit.compare.records import collect, finished_results, unit_states
+from vlkit.compare.report import clean_json
 from vlkit.compare.scheduler import run_session
 from vlkit.compare.units import PLAN_FILE, changed_keys
 from vlkit.io import read_json
@@ -171,7 +172,7 @@ def _main(spec: CompareSpec, output_dir: Path) -> ComparisonResult:
     summary.pop("records", None)
     written = output_dir / "results.md"
     result = ComparisonResult(output_dir, written.read_text(encoding="utf-8") if written.is_file() else table,
-                              records, summary, retry=retry,
+                              clean_json(records), summary, retry=retry,
                               failed={k: o.get("error") or o["state"] for k, o in bad.items()})
     if stopped_by:
         print(f"vlkit compare: {how}; finished units are kept in {output_dir}. Go on with:\n  {retry}", file=sys.stderr)
