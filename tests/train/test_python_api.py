@@ -239,3 +239,14 @@ def test_compare_runs_the_comparison_of_the_runs_given(tmp_path, cache):
     plan = json.loads((tmp_path / "cmp" / "plan.json").read_text())
     assert [run["model"] for run in plan["config"]["compare"]["runs"]] == [{"name": "uniter", "preset": "tiny"},
                                                                           {"name": "meter", "preset": "tiny"}]
+
+
+def test_pretrain_refuses_a_processor_of_another_family_as_build_model_does(photos, vocab, cache, tmp_path):
+    processor = vlkit.build_processor("uniter/tiny", tokenizer=vocab, images=photos[0], cache_dir=cache)
+    with pytest.raises(ValueError, match="the processor was built for uniter, not vilbert"):
+        vlkit.pretrain("vilbert/tiny", photos[1], processor=processor, output_dir=tmp_path / "by-name",
+                       cache_dir=cache)
+    vilbert = vlkit.build_model("vilbert/tiny")
+    with pytest.raises(ValueError, match="the processor was built for uniter, not vilbert"):
+        vlkit.pretrain(vilbert, photos[1], processor=processor, output_dir=tmp_path / "object", cache_dir=cache)
+    assert not (tmp_path / "by-name" / "run.json").exists() and not (tmp_path / "object" / "run.json").exists()
