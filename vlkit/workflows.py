@@ -163,7 +163,7 @@ class _Call:
             raise err.spelled(self.spell) from None
 
 
-_GROUP_KEYS = {"objectives": "objectives", "compare": "compare.preset"}
+_GROUP_KEYS = {"compare": "compare.preset"}  # a group chosen by an argument of another name
 
 
 def _leaves(prefix: str, value: Any) -> list[str]:

@@ -5,8 +5,6 @@ of a notebook."""
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from test_readme_examples import ROOT, marked_blocks, private_environment

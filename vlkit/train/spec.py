@@ -17,8 +17,9 @@ from typing import Any, Mapping
 
 from vlkit.config import COUNT, SWITCH, Problem, SpecError, check_rules, model_problems, plain, register_model_configs
 from vlkit.data.spec import data_problems
+from vlkit.models.base import VLModel
 from vlkit.registry import TASKS, did_you_mean
-from vlkit.train.trainer import TrainerConfig, TrainerConfigError, register_hydra_configs
+from vlkit.train.trainer import TrainerConfig, register_hydra_configs
 
 # The keys of the commands themselves (not of a block): their rules.
 COMMAND_RULES = {"threads": COUNT, "resume": SWITCH}
@@ -67,9 +68,6 @@ class _RunSpec:
     quiet: bool = field(default=False, compare=False)  # no summary printed (the result is returned either way)
     invocation: str = field(default="", compare=False)  # how the caller ran it (the lock's record)
 
-    def _own_problems(self, values: Mapping[str, Any]) -> list[Problem]:
-        return check_rules(COMMAND_RULES, values)
-
 
 @dataclass
 class _TrainingSpec(_RunSpec):
@@ -104,7 +102,7 @@ class _TrainingSpec(_RunSpec):
         problems += model_problems(cfg.get("model"))
         problems += data_problems(cfg.get("data"))
         init = cfg.get("init")
-        if init is not None and not isinstance(init, (str, os.PathLike)) and not _is_model(init):
+        if init is not None and not isinstance(init, (str, os.PathLike, VLModel)):
             problems.append(Problem("init", f"={init!r}: give a run's folder or a saved model's"))
         fields = {"model": cfg.get("model"), "data": dict(cfg.get("data") or {}), "trainer": trainer,
                   "init": os.fspath(init) if isinstance(init, os.PathLike) else init,
@@ -117,12 +115,6 @@ def _plain(cfg: Mapping[str, Any]) -> dict[str, Any]:
     out = plain({k: v for k, v in cfg.items() if k != "init"})
     out["init"] = cfg.get("init")
     return out
-
-
-def _is_model(value: Any) -> bool:
-    from vlkit.models.base import VLModel
-
-    return isinstance(value, VLModel)
 
 
 def _path(value: Any) -> Any:
