@@ -34,7 +34,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from vlkit.config import COUNT, FRACTION, NATURAL, SWITCH
 from vlkit.io import config_dir
 
 CONF_DIR = config_dir()
@@ -55,18 +54,6 @@ COMMANDS = {
 }
 GROUPS = ("model", "objectives", "data", "task", "trainer", "compare")  # config groups of the commands
 SPEC_COMMANDS = ("pretrain", "finetune", "evaluate", "compare")  # commands that take a typed spec (`build_spec`)
-# The keys of the commands that take their composed config as it is (no spec): their rules, checked here only.
-KEY_RULES = {
-    "extract-features": {"processes": COUNT, "batch_size": COUNT, "min_boxes": COUNT, "max_boxes": COUNT,
-                         "conf_th": FRACTION, "resume": SWITCH, "progress": SWITCH, "threads": COUNT},
-    "import-features": {"resume": SWITCH, "progress": SWITCH, "threads": COUNT},
-    "merge-features": {"overwrite": SWITCH},
-    "make-shapes": {"num_images": COUNT, "image_size": COUNT, "val_images": NATURAL, "test_images": NATURAL,
-                    "eval_rounds": COUNT, "train_rounds": COUNT},
-    "make-shards": {"shard_size": COUNT, "row_group_size": COUNT, "overwrite": SWITCH, "num_images": COUNT,
-                    "image_size": COUNT},
-    "convert": {"overwrite": SWITCH},
-}
 RESUME_ADVICE = {  # what an interrupted command left and how to continue it
     "pretrain": "; the checkpoints written are kept: rerun with resume=true to continue from the last one",
     "finetune": "; the checkpoints written are kept: rerun with resume=true to continue from the last one",
@@ -446,7 +433,8 @@ def run(argv: list[str], started: float | None = None) -> int:
         return int(getattr(result, "code", 0))
     from vlkit.config import SpecError, check_rules, to_container
 
-    problems = check_rules(KEY_RULES.get(command, {}), to_container(cfg))
+    rules = getattr(sys.modules[fn.__module__], "KEY_RULES", {}).get(command, {})  # the command module's own
+    problems = check_rules(rules, to_container(cfg))
     if problems:  # types and ranges of every key, before any data work
         raise SpecError(problems)
     try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
+import sys
 import json
 from pathlib import Path
 
@@ -104,7 +106,7 @@ def test_a_two_run_comparison_gives_the_command_lines_numbers_bit_for_bit(tmp_pa
 
 # -- one site per key ----------------------------------------------------------------------------------------------
 def test_every_key_is_validated_at_exactly_one_site():
-    from vlkit.cli import KEY_RULES
+    from vlkit.cli import COMMANDS, SPEC_COMMANDS
     from vlkit.compare.plan import plan_settings
     from vlkit.compare.spec import COMPARE_RULES
     from vlkit.config import to_container
@@ -138,9 +140,15 @@ def test_every_key_is_validated_at_exactly_one_site():
                     for part in key.split("."):
                         assert part in node, f"{site} holds a rule of {key}, which vlkit {command} lacks"
                         node = node[part]
-    for command, rules in KEY_RULES.items():  # the commands without a spec: the CLI checks their own keys once
+    for command, (target, _) in COMMANDS.items():  # the commands without a spec: their module holds their rules
+        if command in SPEC_COMMANDS:
+            continue
+        module = importlib.import_module(target.split(":")[0])
+        function = getattr(module, target.split(":")[1])
+        rules = getattr(sys.modules[function.__module__], "KEY_RULES", {}).get(command, {})
         composed = to_container(compose(command, []))
         assert set(rules) <= set(composed), (command, set(rules) - set(composed))
+    assert not hasattr(__import__("vlkit.cli").cli, "KEY_RULES")  # no rule table of the console's own
 
 
 def test_problems_are_named_in_each_callers_spelling(tmp_path):

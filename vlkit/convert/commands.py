@@ -5,6 +5,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vlkit.config import SWITCH
+
 
 def read_answers(path: str | Path) -> list[str]:
     """VQA answer strings in label order from a JSON list, or a JSON / pickle ``{answer: label}`` map or
@@ -27,6 +29,9 @@ def read_answers(path: str | Path) -> list[str]:
         raise ValueError(f"{path}: expected a list of answer strings or an answer -> label map")
     return values
 
+
+# The rules of the command's own keys (`vlkit.config.Rule`), checked by the console before the command runs.
+KEY_RULES = {"convert": {"overwrite": SWITCH}}
 
 def convert(cfg) -> int:
     """Convert ``src`` (family ``family``, or the one whose key signature it carries) and write the vlkit run
