@@ -5,7 +5,8 @@
     out = model(model.example_batch(batch_size=2))
 
 Composing in Python: `build_processor` (a `VLProcessor`: tokenizer, images, collator) sizes `build_model`;
-`pretrain`, `finetune`, `evaluate` and `compare` run the commands' own code (docs/python.md).
+`pretrain`, `finetune`, `evaluate` and `compare` build each command's typed spec (`PretrainSpec`, `FinetuneSpec`,
+`EvaluateSpec`, `CompareSpec`) from keyword arguments and objects and run the command on it (docs/python.md).
 
 The extension API (a new family in its own package, found through the ``vlkit.plugins`` entry point):
 `register_model` with `VLModel` / `ModelConfig`, `register_head` with the head bases (`Head`,
@@ -60,8 +61,11 @@ _LAZY = {
     **dict.fromkeys(("PretrainedWeights", "register_pretrained"), "vlkit.released"),
     **dict.fromkeys(("Recipe", "RECIPES", "register_recipe", "recipe_of"), "vlkit.models.recipe"),
     **dict.fromkeys(("VLProcessor", "build_processor", "load_model_and_processor"), "vlkit.processor"),
-    **dict.fromkeys(("pretrain", "finetune", "evaluate", "RunResult", "ComparisonResult"),
-                    "vlkit.workflows"),
+    **dict.fromkeys(("pretrain", "finetune", "evaluate", "set_quiet", "RunResult"), "vlkit.workflows"),
+    **dict.fromkeys(("PretrainSpec", "FinetuneSpec", "EvaluateSpec"), "vlkit.train.spec"),
+    **dict.fromkeys(("CompareSpec",), "vlkit.compare.spec"),
+    **dict.fromkeys(("ComparisonResult",), "vlkit.compare.command"),
+    **dict.fromkeys(("SpecError",), "vlkit.config"),
     **dict.fromkeys(("ImageTextPairs", "VLCollator", "build_pairs", "build_tokenizer", "build_image_source"),
                     "vlkit.data"),
     "TrainerConfig": "vlkit.train",

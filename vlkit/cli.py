@@ -9,7 +9,8 @@ lazily so that ``vlkit --help`` stays fast.
 groups (model presets, objective mixes, data sets, tasks ...). A mistake on the command line (an unknown
 key, group option or command) answers with the closest names vlkit knows ("did you mean
 model=uniter?"), exit status 2, and so does a mandatory key left unset (``data.path`` of ``data=coco``); the
-values of every key are checked before the command reads any data (`vlkit.settings`); a broken YAML file given
+values of every key are checked before the command reads any data (each command's typed spec,
+`build_spec`); a broken YAML file given
 to a group names the user's file and line; an error in the run (bad data, a missing file, a failed preflight)
 prints one paragraph naming its culprit, exit status 1. ``VLKIT_DEBUG=1`` prints the full traceback
 instead. An error that is not a user mistake (a bug) always prints its traceback. SIGTERM and SIGINT stop a
@@ -52,6 +53,7 @@ COMMANDS = {
     "convert": ("vlkit.convert.commands:convert", "convert a released ViLBERT / UNITER / METER checkpoint"),
 }
 GROUPS = ("model", "objectives", "data", "task", "trainer", "compare")  # config groups of the commands
+SPEC_COMMANDS = ("pretrain", "finetune", "evaluate", "compare")  # commands that take a typed spec (`build_spec`)
 RESUME_ADVICE = {  # what an interrupted command left and how to continue it
     "pretrain": "; the checkpoints written are kept: rerun with resume=true to continue from the last one",
     "finetune": "; the checkpoints written are kept: rerun with resume=true to continue from the last one",
@@ -132,15 +134,9 @@ class UsageError(ValueError):
 
 
 def _register(command: str | None = None) -> None:
-    from vlkit.config import register_model_configs
-    from vlkit.train import register_hydra_configs as register_trainer_configs
+    from vlkit.compare.spec import register_configs
 
-    register_model_configs()
-    register_trainer_configs()
-    if command == "compare":  # each executor's compare.<name> block
-        from vlkit.compare.executor_base import register_hydra_configs as register_executor_configs
-
-        register_executor_configs()
+    register_configs(command)
 
 
 def compose(command: str, overrides: list[str] | None = None):
@@ -430,13 +426,19 @@ def run(argv: list[str], started: float | None = None) -> int:
 
         print(to_yaml(cfg))
         return 0
-    from vlkit.settings import check_settings
-
-    check_settings(command, cfg)  # types and ranges of every key, before any data work
     _check_missing(command, cfg)
     target, _ = COMMANDS[command]
     module, func = target.split(":")
     fn = getattr(importlib.import_module(module), func)
+    if command in SPEC_COMMANDS:  # compose -> spec -> command: the command holds its folders' locks
+        result = fn(build_spec(command, cfg, overrides, started))
+        return int(getattr(result, "code", 0))
+    from vlkit.config import SpecError, check_rules, to_container
+
+    rules = getattr(sys.modules[fn.__module__], "KEY_RULES", {}).get(command, {})  # the command module's own
+    problems = check_rules(rules, to_container(cfg))
+    if problems:  # types and ranges of every key, before any data work
+        raise SpecError(problems)
     try:
         parameters = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -447,6 +449,33 @@ def run(argv: list[str], started: float | None = None) -> int:
     with hold(output_paths(command, cfg), command=shlex.join(["vlkit", *argv])):  # one writer per output folder
         result = fn(cfg, **{k: v for k, v in given.items() if k in parameters})
     return result if isinstance(result, int) else 0
+
+
+def explicit_keys(overrides: list[str] | None) -> set[str]:
+    """The config keys a command line sets (``model=uniter`` -> ``model``, ``+a.b=1`` -> ``a.b``)."""
+    keys = set()
+    for override in overrides or ():
+        key, sep, _ = override.partition("=")
+        if sep:
+            keys.add(key.lstrip("+~"))
+    return keys
+
+
+def build_spec(command: str, cfg: Any, overrides: list[str], started: float | None = None) -> Any:
+    """The typed spec of ``command`` from its composed config ``cfg`` and the command line's ``overrides`` (the keys
+    they set are the explicit ones); every key's problem is raised at once (`vlkit.config.SpecError`), named as the
+    command line names it (``data.on_error``)."""
+    from vlkit.config import to_container
+
+    explicit = frozenset(explicit_keys(overrides))
+    plain = to_container(cfg)
+    if command == "compare":
+        from vlkit.compare.spec import CompareSpec
+
+        return CompareSpec.from_config(plain, explicit, argv=list(overrides), started=started)
+    from vlkit.train.spec import SPECS
+
+    return SPECS[command].from_config(plain, explicit=explicit, invocation=shlex.join(["vlkit", command, *overrides]))
 
 
 def _check_missing(command: str, cfg: Any) -> None:
@@ -478,9 +507,9 @@ def _check_missing(command: str, cfg: Any) -> None:
 
 
 def output_paths(command: str, cfg: Any) -> dict[str, str]:
-    """``{key: path}`` of what ``command`` writes (`vlkit.locks` holds a lock on each while it runs); none for
-    ``compare-report`` (it rewrites a running comparison's report), a dry run, and the ranks of a distributed
-    run after the first (the first holds them)."""
+    """``{key: path}`` of what ``command`` (one without a spec: those hold their own, `SPEC_COMMANDS`) writes
+    (`vlkit.locks` holds a lock on each while it runs); none for ``compare-report`` (it rewrites a running
+    comparison's report), a dry run, and the ranks of a distributed run after the first (the first holds them)."""
     from vlkit.config import select
 
     def value(key: str) -> Any:  # None for an absent or missing (???) key: the command names those itself
@@ -488,14 +517,7 @@ def output_paths(command: str, cfg: Any) -> dict[str, str]:
 
     if int(os.environ.get("RANK", "0") or 0) != 0 or value("dry_run") or command == "compare-report":
         return {}
-    if command in ("pretrain", "finetune"):
-        keys = {"trainer.output_dir": value("trainer.output_dir")}
-    elif command == "evaluate":
-        checkpoint = value("checkpoint")
-        default = str(Path(checkpoint) / "eval.json") if checkpoint and Path(checkpoint).is_dir() else None
-        keys = {"output": value("output") or default,
-                "predictions": value("predictions")}
-    elif command == "merge-features":
+    if command == "merge-features":
         keys = {"out": value("out")} if value("out") else {"src": value("src")}
     else:
         keys = {key: value(key) for key in ("output_dir", "dst", "out")}
@@ -559,7 +581,7 @@ def console(argv: list[str] | None = None) -> int:
         if isinstance(err, UsageError):
             print(text if text.startswith("vlkit") else f"{name}: {text}", file=sys.stderr)
             return 2
-        kind = "" if type(err).__name__ in ("DataError", "PreflightError", "SettingsError") else f" ({type(err).__name__})"
+        kind = "" if type(err).__name__ in ("DataError", "PreflightError", "SpecError", "TrainerConfigError") else f" ({type(err).__name__})"
         print(f"{name}: error{kind}: {text}", file=sys.stderr)
         if not debug:
             print("(VLKIT_DEBUG=1 shows the full traceback)", file=sys.stderr)

@@ -214,3 +214,187 @@ def register_model_configs() -> None:
         store_configs("model", {name: hydra_node(name), **{f"{name}_{preset}": hydra_node(name, preset)
                                                           for preset in presets}})
         store_configs(f"model/{name}", {preset: hydra_node(name, preset) for preset in presets})
+
+
+# -- the keys of a command's spec: problems named in the caller's spelling ------------------------------------------
+class Problem(str):
+    """One value a command cannot run with: the text as the command line names it (``key`` followed by ``rest``:
+    ``trainer.max_steps must be >= 1, got 0``); `SpecError.spelled` names ``key`` as a Python caller wrote it."""
+
+    key: str
+    rest: str
+
+    def __new__(cls, key: str, rest: str) -> "Problem":
+        text = super().__new__(cls, f"{key}{rest}")
+        text.key, text.rest = key, rest
+        return text
+
+    def spelled(self, spell: Any) -> "Problem":
+        """The problem with its key written ``spell(key)`` (`python_spelling`)."""
+        return Problem(spell(self.key), self.rest)
+
+
+class SpecError(ValueError):
+    """Values of a command's keys that the command cannot run with; ``problems`` lists each (a `Problem` naming its
+    key), all at once, before any data is read or written."""
+
+    def __init__(self, problems: Iterable[str]):
+        self.problems = [p if isinstance(p, Problem) else Problem("", str(p)) for p in problems]
+        super().__init__("; ".join(self.problems))
+
+    def spelled(self, spell: Any) -> "SpecError":
+        """The same problems, each key written ``spell(key)``."""
+        return type(self)([p.spelled(spell) if p.key else p for p in self.problems])
+
+
+def python_spelling(function: str, arguments: Mapping[str, str] | None = None) -> Any:
+    """``spell(key)``: how a caller of the Python function ``function`` writes the dotted config ``key``: its
+    argument path (``finetune(data={"on_error": ...})`` for ``data.on_error``). ``arguments``: dotted keys (or
+    their first part) a function takes under another name (``{"objectives": "mix", "trainer.output_dir":
+    "output_dir"}``; ``""``: the block's keys are arguments themselves, ``{"compare": ""}``)."""
+    arguments = dict(arguments or {})
+
+    def spell(key: str) -> str:
+        for dotted in sorted(arguments, key=len, reverse=True):
+            if key == dotted or key.startswith(dotted + "."):
+                name, rest = arguments[dotted], key[len(dotted) + 1:]
+                break
+        else:
+            name, _, rest = key.partition(".")
+        if not name:  # a block whose keys are the function's own arguments (compare's compare.<key>)
+            name, _, rest = rest.partition(".")
+        parts = [p for p in rest.split(".") if p]
+        value = "..."
+        for part in reversed(parts):
+            value = "{" + repr(part).replace("'", '"') + ": " + value + "}"
+        return f"{function}({name}={value})"
+
+    return spell
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A key's value: ``kind`` int (a whole number), float (a finite number) or bool; at least ``low`` (above it
+    when ``above``), at most ``high``; null allowed (the key's documented default) unless ``null`` is false; one of
+    ``choices`` when given. The owner of a key holds its rule (`check_rules`)."""
+
+    kind: type | None = None
+    low: float | None = None
+    high: float | None = None
+    above: bool = False
+    null: bool = True
+    choices: tuple[Any, ...] = ()
+
+    def problem(self, key: str, value: Any) -> Problem | None:
+        import math
+
+        if value is None or value == "???":
+            return None if self.null or value == "???" else Problem(key, " needs a value")
+        if self.choices:
+            return None if value in self.choices else Problem(
+                key, f"={value!r}: choose one of {', '.join(map(str, self.choices))}")
+        if self.kind is bool:
+            return None if isinstance(value, bool) else Problem(key, f"={value!r}: give true or false")
+        number = not isinstance(value, bool) and isinstance(value, (int, float))
+        if self.kind is int and not (number and float(value).is_integer()):
+            return Problem(key, f"={value!r}: give a whole number")
+        if self.kind is float and not (number and math.isfinite(value)):
+            return Problem(key, f"={value!r}: give a finite number")
+        if self.low is not None and (value <= self.low if self.above else value < self.low):
+            return Problem(key, f" must be {'>' if self.above else '>='} {_fmt(self.low)}, got {value}")
+        if self.high is not None and value > self.high:
+            return Problem(key, f" must be <= {_fmt(self.high)}, got {value}")
+        return None
+
+
+def _fmt(number: float) -> str:
+    return str(int(number)) if float(number).is_integer() else str(number)
+
+
+COUNT, NATURAL, FRACTION, SWITCH = Rule(int, 1), Rule(int, 0), Rule(float, 0, 1), Rule(bool, null=False)
+
+
+def check_rules(rules: Mapping[str, Rule], values: Mapping[str, Any], prefix: str = "") -> list[Problem]:
+    """The problems of ``values`` (a plain nested mapping) under ``rules`` (dotted keys relative to it), each
+    named ``prefix + key``; an absent key is not checked."""
+    out = []
+    for key, rule in rules.items():
+        node: Any = values
+        for part in key.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                break
+            node = node[part]
+        else:
+            problem = rule.problem(prefix + key, node)
+            if problem:
+                out.append(problem)
+    return out
+
+
+# A model config field's annotation -> its rule (``model.hidden_size=abc`` is refused before the model is built).
+_FIELD_RULES = {"int": Rule(int), "float": Rule(float), "bool": Rule(bool), "Optional[int]": Rule(int),
+                "Optional[float]": Rule(float), "int | None": Rule(int), "float | None": Rule(float)}
+
+
+def model_problems(model: Any, key: str = "model") -> list[Problem]:
+    """The problems of a ``model`` node (`hydra_node`'s keys): an unknown family, a field the family's config
+    dataclass lacks, a value its field's type does not take; named ``<key>.<field>``."""
+    from vlkit.registry import did_you_mean
+
+    if model is None:
+        return []
+    if not isinstance(model, Mapping) or not isinstance(model.get("name"), str):
+        return [Problem(key, f"={model!r}: give a model name (uniter/tiny) or a mapping with its name")]
+    if model["name"] not in MODELS:
+        return [Problem(f"{key}.name", f"={model['name']!r}: unknown model{did_you_mean(model['name'], MODELS.names())}"
+                                      f"; models: {', '.join(MODELS.names())}")]
+    config_class = MODELS.get(model["name"]).config_class
+    if not dataclasses.is_dataclass(config_class):
+        return []
+    fields = {f.name: _FIELD_RULES.get(str(f.type)) for f in dataclasses.fields(config_class)}
+    out = []
+    for field, value in model.items():
+        if field not in fields and field != "name":
+            out.append(Problem(f"{key}.{field}", f" is not a {model['name']} config field"
+                                                 f"{did_you_mean(field, list(fields))}"))
+        elif fields.get(field) and value != "???":
+            problem = fields[field].problem(f"{key}.{field}", value)
+            if problem:
+                out.append(problem)
+    return out
+
+
+def merge_known(base: Any, given: Any, key: str, known: bool = True) -> Any:
+    """``given`` (a mapping, or a dataclass) merged over the plain mapping ``base`` (a copy), every key of it one
+    that ``base`` has (unless ``known`` is false), except under a free-form node (null or ``{}`` in ``base``): an
+    unknown key raises `SpecError` naming it (``<key>.<name>``) with the closest names. A non-mapping ``given``
+    replaces ``base``."""
+    from vlkit.registry import did_you_mean
+
+    if dataclasses.is_dataclass(given) and not isinstance(given, type):
+        given = dataclasses.asdict(given)
+    if not isinstance(given, Mapping) or not isinstance(base, Mapping) or not base:
+        return copy.deepcopy(given)
+    out = copy.deepcopy(dict(base))
+    problems = []
+    for name, value in given.items():
+        if name not in out and known:
+            close = did_you_mean(name, list(out))
+            problems.append(Problem(f"{key}.{name}", f" is not a known key{close}" if close else
+                                    f" is not a known key (keys there: {', '.join(map(str, out))})"))
+            continue
+        try:
+            out[name] = merge_known(out.get(name), value, f"{key}.{name}", known)
+        except SpecError as err:
+            problems += err.problems
+    if problems:
+        raise SpecError(problems)
+    return out
+
+
+def defaults(conf_dir: Path, command: str, choices: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+    """The default config of ``command`` (``<conf_dir>/<command>.yaml``) with the option ``choices`` of its config
+    groups (``{"data": "coco", "compare": "smoke"}``), as plain containers: the YAML files themselves, the keys
+    of each command's spec starting from them in Python as on the command line. No value goes through here."""
+    groups = [f"{group}={option}" for group, option in (choices or {}).items() if option is not None]
+    return to_container(compose_file(conf_dir, command, groups, job_name=f"vlkit-{command}-defaults"))

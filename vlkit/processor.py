@@ -151,6 +151,9 @@ def build_processor(family: str, tokenizer: str | os.PathLike | None = None, ima
     if preset is not None and named_preset is not None and preset != named_preset:
         raise ValueError(f"build_processor: {family!r} names preset {named_preset!r}, not preset={preset!r}")
     cls = MODELS.get(name)
+    for key, value in (("images", images), ("tokenizer", tokenizer), ("weights", weights), ("cache_dir", cache_dir)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"build_processor({key}={value!r}): give a path (str or os.PathLike)")
     if images is None:
         raise ValueError("build_processor: images= names a folder of image files or a feature store (.h5)")
     build = {"images": _absolute(images), "max_len": max_len, "detector": detector, "weights": _absolute(weights),

@@ -1,12 +1,14 @@
 """Training, evaluation and comparison as functions: `pretrain`, `finetune`, `evaluate`, `compare`.
 
-Each composes the config of its command (`vlkit.cli.compose`, the same Hydra config tree as ``vlkit <command>``)
-from its arguments and runs the command's own implementation on it (`vlkit.train.commands`,
-`vlkit.compare.main`), so the same settings on the command line give bit-identical results. Arguments take
-what the YAML takes, as names (``mix="uniter"``, ``trainer="uniter"``, ``data="coco"``, ``task="vqa"``) or as
-plain dicts / dataclasses of the same keys (``mix={"mlm": 2, "itm": 1}``, ``trainer={"max_steps": 10}``,
-``task={"name": "vqa", "source": "files", "files": {...}}``); ``overrides``: any further ``key=value`` strings
-of the command line. A result holds the run's folder, metrics and records.
+The Python door, beside the command line's (`vlkit.cli`), neither going through the other: each function builds
+its command's typed spec (`vlkit.train.spec`, `vlkit.compare.spec.CompareSpec`) from its keyword arguments and
+objects, and runs the command on it, so the same settings on the command line give an equal spec and bit-identical
+results. The defaults are the YAML's (``conf/<command>.yaml`` and the group options an argument names:
+``mix="uniter"``, ``trainer="uniter"``, ``data="coco"``, ``task="vqa"``, ``preset="smoke"``); a dict (or a
+dataclass) of keys merges into them (``trainer={"max_steps": 10}``, ``data={"on_error": "skip"}``: the data
+source stays), every key checked by its owner. A model built in Python, a processor, image-text pairs and a mix
+are taken as objects; the command returns the result (`RunResult`, `ComparisonResult`). An error names a key as
+the caller wrote it (``finetune(data={"on_error": ...})``, `ARGUMENTS`).
 
     pre = vlkit.pretrain(model, [("cat.png", "a cat"), ...], mix={"mlm": 1, "itm": 1}, trainer={"max_steps": 20})
     ft = vlkit.finetune(pre, task={"name": "vqa", "source": "files", "files": {...}})
@@ -15,114 +17,153 @@ of the command line. A result holds the run's folder, metrics and records.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
-import tempfile
-from contextlib import ExitStack
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import yaml
+
+from vlkit.compare.command import ComparisonResult
+from vlkit.compare.command import main as compare_command
+from vlkit.compare.config import comparison_file
+from vlkit.compare.spec import CompareSpec, register_configs
+from vlkit.config import Problem, SpecError, compose_errors, defaults, merge_known, python_spelling
+from vlkit.io import atomic_write_text, config_dir, read_yaml
+from vlkit.models.base import MODELS, ModelConfig, VLModel, model_name
+from vlkit.models.recipe import recipe_of
+from vlkit.processor import VLProcessor, load_model_and_processor
+from vlkit.registry import TASKS, did_you_mean
+from vlkit.runs import read_run_info
+from vlkit.train import commands
+from vlkit.environment import cache_dir as cache_root
+from vlkit.train import spec as specs
+from vlkit.train.spec import EvaluateSpec, FinetuneSpec, PretrainSpec
+
+# How each function names the config keys it takes under another name (`vlkit.config.python_spelling`); any other
+# ``a.b.c`` is ``a={"b": {"c": ...}}``. docs/python.md tabulates them.
+ARGUMENTS = {
+    "pretrain": {"objectives": "mix", "trainer.output_dir": "output_dir", "trainer.seed": "seed", "init": "model"},
+    "finetune": {"trainer.output_dir": "output_dir", "trainer.seed": "seed", "init": "model"},
+    "evaluate": {"checkpoint": "run"},
+    "compare": {"compare": "", "compare.runs": "runs"},
+}
+_quiet = False
 
 
 @dataclass
-class RunResult:
-    """What a `pretrain` / `finetune` / `evaluate` left: ``output_dir`` (the run; for `evaluate` the evaluated
-    run), ``metrics`` (fine-tuning and evaluation: ``<split>/<metric>``; pre-training: the last logged step's),
-    ``history`` (the records of ``metrics.jsonl``), ``record`` (``run.json``) and ``paths`` (the files written)."""
-
-    kind: str
-    output_dir: Path
-    metrics: dict[str, Any]
-    history: list[dict[str, Any]] = field(default_factory=list)
-    record: dict[str, Any] = field(default_factory=dict)
-    paths: dict[str, Path] = field(default_factory=dict)
+class RunResult(specs.RunResult):
+    """The result of a `pretrain` / `finetune` / `evaluate` (`vlkit.train.spec.RunResult`: ``output_dir``,
+    ``metrics``, ``history``, ``record``, ``paths``), and its model with its processor (`load`)."""
 
     def load(self) -> tuple[Any, Any]:
         """(model, processor) of the run (`vlkit.load_model_and_processor`)."""
-        from vlkit.processor import load_model_and_processor
-
         return load_model_and_processor(self.output_dir)
 
-    def __fspath__(self) -> str:  # a result stands for its folder: finetune(pretrain(...)), evaluate(finetune(...))
-        return str(self.output_dir)
+
+def _loadable(result: specs.RunResult) -> RunResult:
+    return RunResult(**{f.name: getattr(result, f.name) for f in dataclasses.fields(result)})
 
 
-@dataclass
-class ComparisonResult:
-    """What `compare` left: ``output_dir``, ``table`` (``results.md``), ``records`` (every metric of every run and
-    seed, ``results.json``'s records) and ``summary`` (the rest of ``results.json``: means, CIs, tests)."""
-
-    output_dir: Path
-    table: str
-    records: list[dict[str, Any]]
-    summary: dict[str, Any]
+def set_quiet(quiet: bool = True) -> None:
+    """Whether `pretrain`, `finetune`, `evaluate` and `compare` print their summaries (a notebook's cells stay
+    short: the results are returned either way); each call's ``quiet=`` overrides it."""
+    global _quiet
+    _quiet = bool(quiet)
 
 
-class _Config:
-    """A command's overrides: group choices and ``key=value`` strings for `vlkit.cli.compose`, and values set on
-    the composed config afterwards (dicts, lists, paths), each also named as set on the command line."""
+# -- the arguments -------------------------------------------------------------------------------------------------
+class _Call:
+    """One call's config under construction: the command's defaults with the option of each config group an
+    argument names, the values merged into them, and the keys the caller set."""
 
-    def __init__(self, overrides: Sequence[str] | None = None):
-        self.groups: list[str] = list(overrides or ())
-        self.values: list[tuple[str, Any, bool, bool | str]] = []  # (key, value, merge, strict)
+    def __init__(self, function: str, choices: Mapping[str, str | None] | None = None):
+        self.function, self.choices = function, dict(choices or {})
+        self.values: list[tuple[str, Any, bool | str]] = []  # (dotted key, value, whether its keys must be known:
+        # True, False, or "key": the key itself, its value free-form)
+        self.explicit: set[str] = set()
 
-    def set(self, key: str, value: Any, merge: bool = True, strict: bool | str = True) -> None:
-        """``key`` takes ``value`` (merged into a mapping there with ``merge``); ``strict``: every key of ``value``
-        must be one the command knows, as on the command line (a free-form node, null or ``{}``, takes any);
-        ``"key"``: ``key`` itself must be (its value is a free-form mapping: ``compare.task_overrides``)."""
+    def spell(self, key: str) -> str:
+        return python_spelling(self.function, ARGUMENTS[self.function])(key)
+
+    def choose(self, group: str, option: str) -> None:
+        self.choices[group] = option
+        self.explicit.add(group)
+
+    def set(self, key: str, value: Any, known: bool | str = True, explicit: bool = True) -> None:
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             value = dataclasses.asdict(value)
-        self.values.append((key, value, merge, strict))
+        self.values.append((key, value, known))
+        if explicit:
+            self.explicit.update(_leaves(key, value))
 
-    def group(self, group: str, value: Any) -> None:
-        """``group=<name>`` for a string, the group's keys for a mapping (``name`` choosing the option)."""
+    def group(self, group: str, value: Any, argument: str) -> None:
+        """``argument`` (a name, or a mapping of the group's keys whose ``name`` chooses the option) for ``group``."""
         if value is None:
             return
-        if isinstance(value, (str, os.PathLike)):
-            self.groups.append(f"{group}={os.fspath(value)}")
+        if isinstance(value, str):
+            self.choose(group, value)
             return
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             value = dataclasses.asdict(value)
+        if not isinstance(value, Mapping):
+            raise TypeError(f"{self.function}({argument}={value!r}): give a {group} name or a dict of its keys "
+                            f"(conf/{group}/*.yaml)")
         value = dict(value)
         if value.get("name") is not None and group != "trainer":
-            self.groups.append(f"{group}={value['name']}")
+            self.choose(group, value["name"])
         self.set(group, value)
 
-    def compose(self, command: str) -> tuple[Any, list[str]]:
-        """(the composed config, the overrides the command reads its explicit keys from)."""
-        from vlkit.cli import compose
-        from vlkit.config import set_key
+    def config(self) -> dict[str, Any]:
+        """The defaults with every value merged in (a key the command lacks raises `SpecError`)."""
+        register_configs(self.function)
+        try:
+            cfg = defaults(config_dir(), self.function, self.choices)
+        except compose_errors()[0] as err:  # an option the group lacks: name the argument that chose it
+            raise self._unknown_option(err) from None
+        problems: list[Problem] = []
+        for key, value, known in self.values:
+            *parents, leaf = key.split(".")
+            node = cfg
+            for part in parents:
+                node = node.setdefault(part, {})
+            if known == "key" and leaf not in node:
+                problems.append(Problem(key, f" is not a known key{did_you_mean(leaf, list(node))}"))
+                continue
+            try:
+                node[leaf] = merge_known(node.get(leaf), value, key, known is True)
+            except SpecError as err:
+                problems += err.problems
+        if problems:
+            raise SpecError(problems)
+        return cfg
 
-        cfg = compose(command, self.groups)
-        explicit = list(self.groups)
-        for key, value, merge, strict in self.values:
-            if strict == "key" or (strict and merge):
-                _check_keys(command, cfg, key, None if strict == "key" else value)
-            set_key(cfg, key, value, merge=merge)
-            explicit += [f"{leaf}=" for leaf in _leaves(key, value)]
-        from vlkit.settings import check_settings
+    def _unknown_option(self, err: Exception) -> ValueError:
+        """The argument whose group option ``err`` (Hydra's missing config) names, with the closest options."""
+        found = re.search(r"Could not find '([^']+)'", str(err))
+        group, _, option = (getattr(err, "missing_cfg_file", None) or (found.group(1) if found else "")).strip("/") \
+            .rpartition("/")
+        if group.startswith("model/"):  # model=<family>/<preset>
+            group, option = "model", f"{group.partition('/')[2]}/{option}"
+        options = sorted(o for o in getattr(err, "options", None) or [] if not o.startswith("file_"))
+        chosen = self.choices.get(group, option)
+        return ValueError(f"{self.spell(_GROUP_KEYS.get(group, group))}: unknown {group} {chosen!r}"
+                          f"{did_you_mean(chosen, options)}; {group}: {', '.join(options)}")
 
-        check_settings(command, cfg)  # as the console does: every value before any data work
-        return cfg, explicit
+    def spec(self, build: Callable[[dict[str, Any]], Any]) -> Any:
+        """``build(config)``: the spec, its problems named as the caller wrote each key."""
+        try:
+            return build(self.config())
+        except SpecError as err:
+            raise err.spelled(self.spell) from None
 
 
-def _check_keys(command: str, cfg: Any, key: str, value: Any) -> None:
-    """Every key of ``value`` (set at ``key``) is a key of the composed config, or lies under a free-form node."""
-    from vlkit.cli import UsageError
-    from vlkit.config import is_mapping_node, is_missing
-    from vlkit.registry import did_you_mean
-
-    for leaf in _leaves(key, value):
-        node, parts = cfg, leaf.split(".")
-        for depth, part in enumerate(parts):
-            if not is_mapping_node(node) or not node:
-                break
-            if part not in node.keys():  # (`in` is False for a ??? value)
-                where = ".".join(parts[:depth])
-                raise UsageError(f"vlkit {command}: unknown key {leaf!r}{did_you_mean(part, list(node))} (keys of "
-                                 f"{where or 'the command'}: {', '.join(map(str, node))})")
-            node = None if is_missing(node, part) else node[part]
+_GROUP_KEYS = {"compare": "compare.preset"}  # a group chosen by an argument of another name
 
 
 def _leaves(prefix: str, value: Any) -> list[str]:
@@ -131,76 +172,92 @@ def _leaves(prefix: str, value: Any) -> list[str]:
     return [prefix]
 
 
-def _output_dir(command: str, output_dir: Any) -> str:
+def _argument(function: str, name: str, value: Any, kinds: tuple[type, ...], wanted: str) -> Any:
+    """``value`` when it is one of ``kinds`` (or None), else a `TypeError` naming the argument."""
+    if value is not None and (not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds):
+        raise TypeError(f"{function}({name}={value!r}): give {wanted}")
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+_PATH = (str, os.PathLike)
+
+
+def _no_overrides(function: str, overrides: Any) -> None:
+    """``overrides=`` is gone: every key is an argument (or a key of one), spelled as `ARGUMENTS` says."""
+    if overrides is None:
+        return
+    spell = python_spelling(function, ARGUMENTS[function])
+    shown = [f"{o!r} -> {spell(o.partition('=')[0].lstrip('+~'))} = {o.partition('=')[2]}"
+             for o in (overrides if isinstance(overrides, (list, tuple)) else [overrides]) if isinstance(o, str)]
+    raise TypeError(f"{function}(overrides=...) is not taken: give each key as an argument or a key of one, "
+                    f"e.g. {function}(trainer={{'max_steps': 3}}, data={{'on_error': 'skip'}})"
+                    + (f": {'; '.join(shown)}" if shown else ""))
+
+
+def _output_dir(function: str, output_dir: Any) -> str:
+    _argument(function, "output_dir", output_dir, _PATH, "a folder path (str or os.PathLike)")
     if output_dir is not None:
         return os.fspath(output_dir)
-    return str(Path("outputs") / command / datetime.now().strftime("%Y%m%d-%H%M%S-%f"))
+    return str(Path("outputs") / function / datetime.now().strftime("%Y%m%d-%H%M%S-%f"))
 
 
-def _model(config: _Config, model: Any, stack: ExitStack) -> tuple[Any, str | None]:
-    """Set the model of a pretrain / finetune: a name or model config (``model=``), a run's folder or result
-    (``init=``), or a model built in Python (saved into a temporary folder that ``init=`` names). Returns (the
-    model's processor or None, the run's folder or None)."""
-    from vlkit.models.base import ModelConfig, VLModel
-
+def _model(call: _Call, model: Any) -> tuple[Any, VLProcessor | None, str | None]:
+    """The model of a pretrain / finetune: a name or a model config (``model``), a run's folder or result (its
+    ``init``), or a model built in Python (the spec's ``init`` object). Returns (the init, the model's processor,
+    the run's folder)."""
+    if isinstance(model, VLModel):
+        return model, getattr(model, "processor", None), None
     if isinstance(model, ModelConfig):
         model = {"name": model.family, **model.to_dict()}
-    if isinstance(model, VLModel):
-        folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="vlkit-model-"))
-        model.save_pretrained(folder)
-        config.set("init", folder)
-        return getattr(model, "processor", None), None
-    if isinstance(model, RunResult) or (isinstance(model, (str, os.PathLike)) and Path(model).is_dir()):
-        config.set("init", os.fspath(model))
-        return None, os.fspath(model)
+    if isinstance(model, specs.RunResult) or (isinstance(model, _PATH) and Path(model).is_dir()):
+        return os.fspath(model), None, os.fspath(model)
     if isinstance(model, str):
-        config.groups.append(f"model={model}")
+        call.choose("model", model)
+    elif isinstance(model, Mapping):
+        call.group("model", model, "model")
     else:
-        config.group("model", model)
-    return None, None
+        raise TypeError(f"{call.function}(model={model!r}): give a model (vlkit.build_model), a name such as "
+                        f"'uniter/tiny', a model config, or a run's folder")
+    return None, None, None
 
 
-def _data(config: _Config, data: Any, processor: Any, init: Any = None, cache_dir: Any = None,
+def _data(call: _Call, data: Any, processor: VLProcessor | None, run: str | None, cache_dir: Any,
           needs_pairs: bool = False) -> None:
-    """Set ``data``: a data set name or config (``data=``), or image-text pairs (a list of ``(image, caption)``, of
-    ``{image_id, caption}`` records as the dataset readers give them, or a torch Dataset of either) read through
-    ``processor``; the processor's tokenizer and images either way (with no pairs when none are given and none are
-    needed: a task's own files). Without either, a run (``init``) keeps the data it was trained on."""
-    if data is None and processor is None:
-        if init is not None:
-            from vlkit.runs import read_run_info
-
-            recorded = read_run_info(init).get("data") if (Path(init) / "run.json").is_file() else None
-            if recorded:
-                config.groups.append(f"data={recorded['name']}")
-                config.set("data", recorded, strict=False)  # the keys the run resolved (image.path ...) too
-        return
-    if data is None:
-        if needs_pairs:
-            raise ValueError("pretrain: give the image-text pairs to pre-train on (data=): (image, caption) pairs, "
-                             "records, a Dataset, or a data set name or config")
-        config.groups.append("data=jsonl")
-        config.set("data.path", None)
-    elif not isinstance(data, (str, os.PathLike, Mapping)):
+    """``data``: a data set name, a dict of ``data`` keys (with its ``name``: that data set; without: merged into
+    the run's data, else the default one), or image-text pairs (a list of ``(image, caption)``, of ``{image_id,
+    caption}`` records, or a torch Dataset of either) read through ``processor``; the processor's tokenizer and
+    images either way. Without ``data`` a run (``run``) keeps the data it was trained on."""
+    recorded = read_run_info(run).get("data") if run and (Path(run) / "run.json").is_file() else None
+    partial = isinstance(data, Mapping) and data.get("name") is None  # keys merged into the data source
+    if data is None or partial:  # the source: the processor's images, else the run's data, else the default
+        if processor is not None:
+            if data is None and needs_pairs:
+                raise ValueError(f"{call.function}: give the image-text pairs to pre-train on (data=): (image, "
+                                 "caption) pairs, records, a Dataset, or a data set name or config")
+            call.choose("data", "jsonl")
+            call.set("data.path", None, explicit=False)  # no captions: the task's own files
+        elif recorded:
+            call.choose("data", recorded["name"])
+            call.set("data", recorded, known=False, explicit=False)  # the keys the run resolved (image.path ...) too
+    elif isinstance(data, (str, Mapping)):
+        call.group("data", data, "data")
+    elif isinstance(data, (Sequence, torch.utils.data.Dataset)) and not isinstance(data, bytes):
         if processor is None:
-            raise ValueError("image-text pairs need a processor (vlkit.build_processor) to read their images and "
-                             "text: build the model with processor=, or pass processor=")
-        config.groups.append("data=jsonl")
-        config.set("data.path", str(pairs_file(data, processor, cache_dir)))
+            raise ValueError(f"{call.function}(data=...): image-text pairs need a processor (vlkit.build_processor) "
+                             "to read their images and text: build the model with processor=, or pass processor=")
+        call.choose("data", "jsonl")
+        call.set("data.path", str(pairs_file(data, processor, cache_dir)))
     else:
-        config.group("data", data)
+        raise TypeError(f"{call.function}(data={data!r}): give image-text pairs, a data set name or a dict of its keys")
     if processor is not None:  # keys vlkit resolved (a run's processor may hold its data set's own)
-        config.set("data", processor.data_config, strict=False)
+        call.set("data", processor.data_config, known=False)
+    if partial:
+        call.set("data", dict(data))
 
 
 def pairs_file(pairs: Any, processor: Any, cache_dir: Any = None) -> Path:
     """``pairs`` (``(image, caption)`` tuples or ``{image_id, caption}`` records, a list or a torch Dataset) as the
     JSON lines ``data=jsonl`` reads, written once into the cache under a name of their content."""
-    import hashlib
-
-    from vlkit.io import atomic_write_text
-    from vlkit.environment import cache_dir as cache_root
-
     items = [pairs[k] for k in range(len(pairs))] if not isinstance(pairs, (list, tuple)) else list(pairs)
     lines = []
     for k, item in enumerate(items):
@@ -221,205 +278,216 @@ def pairs_file(pairs: Any, processor: Any, cache_dir: Any = None) -> Path:
     return path
 
 
-def _common(config: _Config, command: str, trainer: Any, output_dir: Any, seed: int | None, resume: bool,
-            cache_dir: Any, threads: int | None) -> str:
+def _common(call: _Call, trainer: Any, output_dir: Any, seed: Any, resume: Any, cache_dir: Any, threads: Any) -> None:
+    function = call.function
     if isinstance(trainer, str):
-        config.groups.append(f"trainer={trainer}")
+        call.choose("trainer", trainer)
     elif trainer is not None:
-        config.group("trainer", trainer)
-    out = _output_dir(command, output_dir)
-    config.set("trainer.output_dir", out)
-    if seed is not None:
-        config.set("trainer.seed", seed)
-    if resume:
-        config.set("resume", True)
-    if cache_dir is not None:
-        config.set("cache_dir", os.fspath(cache_dir))
-    if threads is not None:
-        config.set("threads", threads)
-    return out
+        call.group("trainer", trainer, "trainer")
+    call.set("trainer.output_dir", _output_dir(function, output_dir))
+    if _argument(function, "seed", seed, (int,), "a whole number") is not None:
+        call.set("trainer.seed", seed)
+    _top(call, resume=resume, cache_dir=cache_dir, threads=threads)
 
 
-def _run(command: Any, cfg: Any, overrides: list[str]) -> int:
-    """``command(cfg, overrides=...)``, the caller's torch thread count kept (a command sets its own: ``threads=``)."""
-    import torch
+def _top(call: _Call, **values: Any) -> None:
+    """The command's own keys (``resume``, ``cache_dir``, ``threads`` ...) when given, their types checked."""
+    kinds = {"resume": ((bool,), "True or False"), "cache_dir": (_PATH, "a folder path (str or os.PathLike)"),
+             "threads": ((int,), "a whole number"), "workers": ((int,), "a whole number"),
+             "output": (_PATH, "a file path"), "predictions": (_PATH, "a file path"),
+             "split": ((str,), "a split name")}
+    for key, value in values.items():
+        value = _argument(call.function, key, value, *kinds[key])
+        if value is not None and value is not False:
+            call.set(key, value)
 
+
+def _run(command: Callable[[Any], Any], spec: Any) -> Any:
+    """``command(spec)``, the caller's torch thread count kept (a command sets its own: ``threads=``)."""
     threads = torch.get_num_threads()
     try:
-        return command(cfg, overrides=overrides)
+        return command(spec)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run_result(kind: str, output_dir: str | Path, processor: Any = None) -> RunResult:
-    """The result of the run in ``output_dir``; the ``processor`` it was given is saved beside its model."""
-    from vlkit.runs import read_run_info
-    from vlkit.train.trainer import read_metrics
-
-    output_dir = Path(output_dir)
-    if processor is not None:
-        processor.save_pretrained(output_dir / "model")
-    record = read_run_info(output_dir)
-    history = read_metrics(output_dir) if (output_dir / "metrics.jsonl").is_file() else []
-    metrics = record.get("metrics") or (history[-1] if history else {})
-    files = {"model": output_dir / "model", "tokenizer": output_dir / "tokenizer", "run": output_dir / "run.json",
-             "metrics": output_dir / "metrics.jsonl", "checkpoints": output_dir / "checkpoints"}
-    return RunResult(kind, output_dir, dict(metrics), history, record, {k: v for k, v in files.items() if v.exists()})
+def _given(quiet: bool | None) -> dict[str, Any]:
+    return {"quiet": _quiet if quiet is None else bool(quiet)}
 
 
+# -- the functions -------------------------------------------------------------------------------------------------
 def pretrain(model: Any, data: Any = None, *, mix: Any = None, trainer: Any = None, output_dir: Any = None,
-             processor: Any = None, seed: int | None = None, resume: bool = False, cache_dir: Any = None,
-             threads: int | None = None, overrides: Sequence[str] | None = None) -> RunResult:
+             processor: VLProcessor | None = None, seed: int | None = None, resume: bool = False,
+             cache_dir: Any = None, threads: int | None = None, quiet: bool | None = None,
+             overrides: Any = None) -> RunResult:
     """``vlkit pretrain``: pre-train ``model`` (a model built in Python, a name such as ``"uniter/tiny"``, a model
     config, or a run to continue from) on ``data`` (image-text pairs read through the model's processor, a data
-    set name or config; None: a run's own data, else ``data=shapes``) with the objective mix
-    ``mix`` (None: the family's own; a preset name, a YAML path, a mix dict or ``{objective: ratio}``) and
-    ``trainer`` (a `TrainerConfig`, a dict of its keys or a recipe name). ``output_dir``: default
-    ``outputs/pretrain/<time>``."""
-    from vlkit.train.commands import pretrain as command
-
-    config = _Config(overrides)
-    with ExitStack() as stack:
-        attached, run = _model(config, model, stack)
-        processor = processor or attached
-        _data(config, data, processor, run, cache_dir, needs_pairs=True)
-        if isinstance(mix, (str, os.PathLike)):
-            config.groups.append(f"objectives={os.fspath(mix)}")
-        elif mix is not None:
-            config.set("objectives", dict(mix), merge=False)
-        out = _common(config, "pretrain", trainer, output_dir, seed, resume, cache_dir, threads)
-        _run(command, *config.compose("pretrain"))
-    return _run_result("pretrain", out, processor)
+    set name or config; None: a run's own data) with the objective mix ``mix`` (None: the family's own; a preset
+    name, a YAML path, a mix dict or ``{objective: ratio}``) and ``trainer`` (a `TrainerConfig`, a dict of its
+    keys or a recipe name). ``output_dir``: default ``outputs/pretrain/<time>``; ``quiet``: no summary printed
+    (`set_quiet`)."""
+    _no_overrides("pretrain", overrides)
+    call = _Call("pretrain")
+    init, attached, run = _model(call, model)
+    _argument("pretrain", "processor", processor, (VLProcessor,), "a processor (vlkit.build_processor)")
+    processor = processor or attached
+    _data(call, data, processor, run, cache_dir, needs_pairs=True)
+    if isinstance(mix, str) and Path(mix).suffix in (".yaml", ".yml") and Path(mix).is_file():
+        call.set("objectives", read_yaml(Path(mix), "mix= file"), known=False)
+    elif isinstance(mix, str):
+        call.choose("objectives", mix)
+    elif isinstance(mix, Mapping):
+        call.set("objectives", dict(mix), known=False)
+    elif mix is not None:
+        raise TypeError(f"pretrain(mix={mix!r}): give a mix preset name, a YAML path, or a dict ({{'mlm': 2, 'itm': 1}})")
+    _common(call, trainer, output_dir, seed, resume, cache_dir, threads)
+    if isinstance(init, str):
+        call.set("init", init)
+    spec = call.spec(lambda cfg: PretrainSpec.from_config(
+        {**cfg, "init": init}, explicit=frozenset(call.explicit), processor=processor,
+        invocation="vlkit.pretrain(...)", **_given(quiet)))
+    return _loadable(_run(commands.pretrain, spec))
 
 
 def finetune(model: Any, data: Any = None, *, task: Any = "vqa", trainer: Any = None, output_dir: Any = None,
-             eval_splits: Sequence[str] | None = None, processor: Any = None, seed: int | None = None,
-             resume: bool = False, cache_dir: Any = None, threads: int | None = None,
-             overrides: Sequence[str] | None = None) -> RunResult:
+             eval_splits: Sequence[str] | None = None, processor: VLProcessor | None = None, seed: int | None = None,
+             resume: bool = False, cache_dir: Any = None, threads: int | None = None, quiet: bool | None = None,
+             overrides: Any = None) -> RunResult:
     """``vlkit finetune``: fine-tune ``model`` (a `pretrain` result or run folder, a model built in Python, or a
     name / model config to train from scratch) on ``task`` (a task name, or a dict of ``conf/task`` keys with its
     ``name``: ``{"name": "vqa", "source": "files", "files": {"train": {...}, "val": {...}}}``) and evaluate it on
     ``eval_splits``. ``data``: as in `pretrain`; None keeps the pre-training run's data (tokenizer and images)."""
-    from vlkit.train.commands import finetune as command
+    _no_overrides("finetune", overrides)
+    call = _Call("finetune")
+    init, attached, run = _model(call, model)
+    _argument("finetune", "processor", processor, (VLProcessor,), "a processor (vlkit.build_processor)")
+    processor = processor or attached
+    _data(call, data, processor, run, cache_dir)
+    _task(call, task)
+    if eval_splits is not None:
+        call.set("eval_splits", _splits("finetune", "eval_splits", eval_splits), known=False)
+    _common(call, trainer, output_dir, seed, resume, cache_dir, threads)
+    if isinstance(init, str):
+        call.set("init", init)
+    spec = call.spec(lambda cfg: FinetuneSpec.from_config(
+        {**cfg, "init": init}, explicit=frozenset(call.explicit), processor=processor,
+        invocation="vlkit.finetune(...)", **_given(quiet)))
+    return _loadable(_run(commands.finetune, spec))
 
-    config = _Config(overrides)
-    with ExitStack() as stack:
-        attached, run = _model(config, model, stack)
-        processor = processor or attached
-        _data(config, data, processor, run, cache_dir)
-        config.group("task", {"name": task} if isinstance(task, str) else task)
-        if eval_splits is not None:
-            config.set("eval_splits", list(eval_splits), merge=False)
-        out = _common(config, "finetune", trainer, output_dir, seed, resume, cache_dir, threads)
-        _run(command, *config.compose("finetune"))
-    return _run_result("finetune", out, processor)
+
+def _task(call: _Call, task: Any) -> None:
+    if isinstance(task, str) or (isinstance(task, Mapping) and task.get("name") is not None) or task is None:
+        call.group("task", task, "task")
+    elif isinstance(task, Mapping):  # keys of the default task
+        call.set("task", dict(task))
+    else:
+        raise TypeError(f"{call.function}(task={task!r}): give a task name ({', '.join(TASKS.names())}) or a dict "
+                        "of its keys with its name ({'name': 'vqa', 'source': 'files', ...})")
+
+
+def _splits(function: str, name: str, splits: Any) -> list[str]:
+    if isinstance(splits, str) or not isinstance(splits, Sequence) or not all(isinstance(s, str) for s in splits):
+        raise TypeError(f"{function}({name}={splits!r}): give a list of split names, e.g. ['val']")
+    return list(splits)
 
 
 def evaluate(run: Any, *, split: str | None = None, eval_splits: Sequence[str] | None = None, task: Any = None,
              predictions: Any = None, eval_options: Mapping[str, Any] | None = None, output: Any = None,
-             data: Any = None, cache_dir: Any = None, threads: int | None = None,
-             overrides: Sequence[str] | None = None) -> RunResult:
+             data: Any = None, cache_dir: Any = None, threads: int | None = None, quiet: bool | None = None,
+             overrides: Any = None) -> RunResult:
     """``vlkit evaluate``: score a `finetune` result or run folder (or a pre-training run zero-shot on
     ``task="retrieval"``) on ``split`` (else ``eval_splits``, default the run's ``[val]``). ``task``: a dict of
     ``conf/task`` keys overriding the run's (the files of a test split: ``{"files": {"test": {...}}}``);
-    ``predictions``: a path to write the
-    split's leaderboard file to; ``eval_options``: the task's scoring options. ``metrics``: ``<split>/<metric>``."""
-    from vlkit.train.commands import evaluate as command
-
-    config = _Config(overrides)
-    config.set("checkpoint", os.fspath(run))
+    ``predictions``: a path to write the split's leaderboard file to; ``eval_options``: the task's scoring
+    options; ``output``: the metrics file (default ``<run>/eval.json``). ``metrics``: ``<split>/<metric>``."""
+    _no_overrides("evaluate", overrides)
+    call = _Call("evaluate")
+    _argument("evaluate", "run", run, _PATH, "a run's folder (str or os.PathLike) or the result of finetune / pretrain")
+    call.set("checkpoint", os.fspath(run))
     if data is not None:
-        config.group("data", data)
-    if isinstance(task, str):
-        config.groups.append(f"task={task}")
-    elif task is not None:
-        if not task.get("name"):  # keys of the run's own task (``task=<its name>`` on the command line)
-            from vlkit.runs import read_run_info
-
-            task = {"name": read_run_info(run).get("task"), **task}
-        config.group("task", task)
-    for key, value in (("split", split), ("predictions", predictions), ("output", output),
-                       ("cache_dir", cache_dir), ("threads", threads)):
-        if value is not None:
-            config.set(key, os.fspath(value) if isinstance(value, os.PathLike) else value)
+        call.group("data", data, "data")
+    if isinstance(task, Mapping) and not task.get("name"):  # keys of the run's own task
+        recorded = read_run_info(run).get("task") if (Path(run) / "run.json").is_file() else None
+        task = {"name": recorded, **task} if recorded else dict(task)
+    if task is not None:
+        _task(call, task)
+    _top(call, split=split, predictions=predictions, output=output, cache_dir=cache_dir, threads=threads)
     if eval_splits is not None:
-        config.set("eval_splits", list(eval_splits), merge=False)
+        call.set("eval_splits", _splits("evaluate", "eval_splits", eval_splits), known=False)
     if eval_options:
-        config.set("eval_options", dict(eval_options))
-    cfg, explicit = config.compose("evaluate")
-    _run(command, cfg, explicit)
-    written = Path(cfg.get("output") or Path(cfg.checkpoint) / "eval.json")
-    result = _run_result("evaluate", cfg.checkpoint)
-    metrics = json.loads(written.read_text(encoding="utf-8")) if written.is_file() else {}
-    paths = {"eval": written} if written.is_file() else {}
-    if cfg.get("predictions"):
-        paths["predictions"] = Path(cfg.predictions)
-    return dataclasses.replace(result, kind="evaluate", metrics=metrics, paths={**result.paths, **paths})
+        call.group("eval_options", dict(eval_options), "eval_options")
+    spec = call.spec(lambda cfg: EvaluateSpec.from_config(cfg, explicit=frozenset(call.explicit),
+                                                          invocation="vlkit.evaluate(...)",
+                                                          **_given(quiet)))
+    return _loadable(_run(commands.evaluate, spec))
 
 
 def compare(runs: Sequence[Any] | None = None, data: Any = None, *, preset: str = "default",
             tasks: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
-            budget: Mapping[str, Any] | None = None,
-            trainer: Mapping[str, Any] | None = None, output_dir: Any = None, workers: int | None = None,
-            threads: int | None = None, cache_dir: Any = None, resume: bool = False,
-            overrides: Sequence[str] | None = None, **settings: Any) -> ComparisonResult:
+            budget: Mapping[str, Any] | None = None, trainer: Mapping[str, Any] | None = None,
+            output_dir: Any = None, workers: int | None = None, threads: int | None = None, cache_dir: Any = None,
+            resume: bool = False, quiet: bool | None = None, overrides: Any = None,
+            **settings: Any) -> ComparisonResult:
     """``vlkit compare``: the comparison ``preset`` (``conf/compare``: ``default``, ``smoke`` ...; or a YAML path)
-    with its ``runs`` replaced when given (each a model name such as ``"uniter/tiny"``, pre-trained with the
-    family's own mix, or a run dict of the comparison format: ``{name, model, objectives, ...}``), on ``data``
-    (a data set name or config; default the preset's). ``tasks``, ``seeds``, ``budget``, ``trainer`` and any
-    other ``compare.<key>`` (``settings``: ``title=``, ``baseline=`` ...) as in the comparison YAML."""
-    from vlkit.compare.command import main
-
-    config = _Config(overrides)
-    config.groups.append(f"compare={os.fspath(preset)}")
-    processors = [getattr(run, "processor", None) for run in runs or ()]
-    _data(config, data, next((p for p in processors if p is not None), None) if data is not None else None,
-          cache_dir=cache_dir)
+    with its ``runs`` replaced when given (a list, each a model name such as ``"uniter/tiny"``, pre-trained with
+    the family's own mix, a model built with a processor, or a run dict of the comparison format: ``{name, model,
+    objectives, ...}``), on ``data`` (a data set name or config, or image-text pairs; default the preset's).
+    ``tasks``, ``seeds``, ``budget``, ``trainer`` and any other ``compare.<key>`` (``settings``: ``title=``,
+    ``baseline=`` ...) as in the comparison YAML. Call it under ``if __name__ == "__main__":`` in a script: its
+    units run in worker processes that import the script."""
+    _no_overrides("compare", overrides)
+    if isinstance(runs, (str, bytes, VLModel, Mapping)) or (runs is not None and not isinstance(runs, Sequence)):
+        raise TypeError(f"compare(runs={runs!r}): give a list of runs, e.g. compare(['uniter/tiny', 'meter/tiny'])")
+    _argument("compare", "preset", preset, _PATH, "a comparison preset name (smoke, default ...) or a YAML path")
+    call = _Call("compare")
+    file = Path(preset) if Path(preset).suffix in (".yaml", ".yml") and Path(preset).is_file() else None
+    call.choose("compare", "default" if file else os.fspath(preset))
+    if file is not None:  # the user's comparison file, merged over the default one as `vlkit compare` merges it
+        layout = yaml.safe_load(comparison_file(file)) or {}
+        for key in ("data", "compare"):
+            if layout.get(key):
+                call.set(key, layout[key], known=False)
+    if data is not None:
+        processors = [getattr(run, "processor", None) for run in runs or ()]
+        _data(call, data, next((p for p in processors if p is not None), None), None, cache_dir)
     if runs is not None:
-        config.set("compare.runs", [_run_spec(run) for run in runs], merge=False)
-        if settings.get("title") is None:  # the preset's title names its own runs
-            config.set("compare.title", None)
+        call.set("compare.runs", [_run_spec(run) for run in runs], known=False)
     for key, value in (("tasks", tasks), ("seeds", seeds)):
         if value is not None:
-            config.set(f"compare.{key}", list(value), merge=False)
+            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+                raise TypeError(f"compare({key}={value!r}): give a list, e.g. {key}={['vqa'] if key == 'tasks' else [0, 1]}")
+            call.set(f"compare.{key}", list(value), known=False)
     for key, value in (("budget", budget), ("trainer", trainer), *settings.items()):
         if value is not None:
-            config.set(f"compare.{key}", value, strict="key")
-    out = _output_dir("compare", output_dir)
-    config.set("output_dir", out)
-    for key, value in (("workers", workers), ("threads", threads), ("cache_dir", cache_dir)):
-        if value is not None:
-            config.set(key, os.fspath(value) if isinstance(value, os.PathLike) else value)
-    if resume:
-        config.set("resume", True)
-    cfg, _ = config.compose("compare")
-    code = _run(main, cfg, config.groups)
-    output = Path(out)
-    results = json.loads((output / "results.json").read_text(encoding="utf-8")) \
-        if (output / "results.json").is_file() else {}
-    if code != 0:
-        raise RuntimeError(f"vlkit compare: {'some units did not finish' if code == 1 else f'stopped ({code})'}; "
-                           f"see {output / 'units.md'} and rerun with resume=True")
-    records = results.pop("records", [])
-    return ComparisonResult(output, (output / "results.md").read_text(encoding="utf-8"), records, results)
+            call.set(f"compare.{key}", value, known="key")
+    call.set("output_dir", _output_dir("compare", output_dir))
+    _top(call, workers=workers, threads=threads, cache_dir=cache_dir, resume=resume)
+    spec = call.spec(lambda cfg: CompareSpec.from_config(cfg, call.explicit, **_given(quiet)))
+    result = _run(compare_command, spec)
+    if result.code != 0:
+        failed = "".join(f"\n  {unit}: {error}" for unit, error in result.failed.items())
+        raise RuntimeError(f"vlkit.compare: {'some units did not finish' if result.code == 1 else f'stopped ({result.code})'}"
+                           f"{failed}\nsee {result.output_dir / 'units.md'}; go on with {result.retry}")
+    return result
 
 
 def _run_spec(run: Any) -> dict[str, Any]:
     """A run of a comparison: a model name (``uniter/tiny``) or a model built in Python (its config, and its
     processor's images), pre-trained with its family's own mix; else the run dict as given."""
-    from vlkit.models.base import MODELS, VLModel, model_name
-    from vlkit.models.recipe import recipe_of
-
     if isinstance(run, VLModel):
         spec = {"name": f"{run.family}_{run.config.preset}", "model": {"name": run.family, **run.config.to_dict()},
                 "objectives": recipe_of(run).mix}
         processor = getattr(run, "processor", None)
         return spec if processor is None else {**spec, "data": {"image": processor.data_config["image"]}}
-    if not isinstance(run, str):
+    if isinstance(run, Mapping):
         return dict(run)
+    if not isinstance(run, str):
+        raise TypeError(f"compare(runs=[..., {run!r}, ...]): each run is a model name ('uniter/tiny'), a model "
+                        "built with a processor, or a run dict ({name, model, objectives})")
     family, preset = model_name(run)
     return {"name": run.replace("/", "_"), "model": {"name": family, "preset": preset},
             "objectives": recipe_of(MODELS.get(family)).mix}
 
 
-__all__ = ["ComparisonResult", "RunResult", "compare", "evaluate", "finetune", "pairs_file", "pretrain"]
+__all__ = ["ARGUMENTS", "ComparisonResult", "RunResult", "compare", "evaluate", "finetune", "pairs_file", "pretrain",
+           "set_quiet"]

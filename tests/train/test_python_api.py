@@ -178,11 +178,11 @@ def test_pretrain_and_finetune_in_python_equal_the_command_line(tmp_path, cache)
 
 
 def test_settings_the_command_does_not_know_are_refused_before_any_work(tmp_path, photos):
-    from vlkit.cli import UsageError
-
-    with pytest.raises(UsageError, match="unknown key 'trainer.max_step' \\(did you mean 'max_steps'"):
+    with pytest.raises(vlkit.SpecError, match="pretrain\\(trainer=\\{\"max_step\": ...\\}\\) is not a known key "
+                                              "\\(did you mean 'max_steps'"):
         vlkit.pretrain("uniter/tiny", trainer={"max_step": 3}, output_dir=tmp_path / "a")
-    with pytest.raises(UsageError, match="unknown key 'compare.titel'"):
+    with pytest.raises(vlkit.SpecError, match="compare\\(titel=...\\) is not a known key \\(did you mean "
+                                              "'title'"):
         vlkit.compare(["uniter/tiny"], preset="smoke", titel="mine", output_dir=tmp_path / "b")
     with pytest.raises(ValueError, match="image-text pairs need a processor"):
         vlkit.pretrain("uniter/tiny", photos[1], output_dir=tmp_path / "c")
@@ -239,3 +239,14 @@ def test_compare_runs_the_comparison_of_the_runs_given(tmp_path, cache):
     plan = json.loads((tmp_path / "cmp" / "plan.json").read_text())
     assert [run["model"] for run in plan["config"]["compare"]["runs"]] == [{"name": "uniter", "preset": "tiny"},
                                                                           {"name": "meter", "preset": "tiny"}]
+
+
+def test_pretrain_refuses_a_processor_of_another_family_as_build_model_does(photos, vocab, cache, tmp_path):
+    processor = vlkit.build_processor("uniter/tiny", tokenizer=vocab, images=photos[0], cache_dir=cache)
+    with pytest.raises(ValueError, match="the processor was built for uniter, not vilbert"):
+        vlkit.pretrain("vilbert/tiny", photos[1], processor=processor, output_dir=tmp_path / "by-name",
+                       cache_dir=cache)
+    vilbert = vlkit.build_model("vilbert/tiny")
+    with pytest.raises(ValueError, match="the processor was built for uniter, not vilbert"):
+        vlkit.pretrain(vilbert, photos[1], processor=processor, output_dir=tmp_path / "object", cache_dir=cache)
+    assert not (tmp_path / "by-name" / "run.json").exists() and not (tmp_path / "object" / "run.json").exists()

@@ -3,11 +3,14 @@ on the executor, then the report) and `vlkit compare-report` (`report_main`); th
 resume must match, `RESUME_SAFE` aside) and the report rebuilt from the units' folders (`report_from_folder`)."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import shlex
 import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -15,12 +18,15 @@ from typing import Any
 from vlkit.compare.account import Session, heartbeat_s
 from vlkit.compare.claims import check_claims
 from vlkit.compare.comparison import Comparison
-from vlkit.compare.config import drop_preset_title, look_sizes_of, objective_mix, resolve_config
+from vlkit.compare.config import objective_mix
+from vlkit.compare.spec import CompareSpec
 from vlkit.compare.looks import replay_looks
-from vlkit.compare.plan import plan_settings
 from vlkit.compare.records import collect, finished_results, unit_states
+from vlkit.compare.report import clean_json
 from vlkit.compare.scheduler import run_session
 from vlkit.compare.units import PLAN_FILE, changed_keys
+from vlkit.io import read_json
+from vlkit.locks import hold
 
 
 # Keys a resumed comparison may change: where and how units run, not what they compute (with each executor's
@@ -32,14 +38,6 @@ RESUME_SAFE = ("output_dir", "resume", "dry_run", "progress", "workers", "cache_
 # (the claims and until / max_seeds / round_seeds decide what is tested and which seeds run, not what a unit
 # computes: a finished fixed comparison may go on with compare.until=decided; decide on it before reading the
 # results for its error guarantee)
-
-
-def _check_seeds(seeds: Any) -> None:
-    if not isinstance(seeds, list) or not seeds:
-        raise ValueError(f"compare.seeds={seeds!r}: give a non-empty list of seeds, e.g. compare.seeds=[0,1,2]")
-    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
-    if repeated:
-        raise ValueError(f"compare.seeds={seeds}: seed(s) {repeated} repeated; each seed is one independent replicate")
 
 
 def saved_plan(cfg: dict[str, Any], output_dir: Path, resume: bool) -> dict[str, Any] | None:
@@ -90,9 +88,36 @@ def write_plan(cfg: dict[str, Any], output_dir: Path, argv: list[str], resume: b
     return path
 
 
-def main(cfg: Any, overrides: list[str] | None = None, started: float | None = None) -> int:
-    """Run the comparison ``cfg`` (``overrides``: the command line's, for the retry command; ``started``: when the
-    command began, else now: the session's start in the account, `vlkit.compare.account`)."""
+@dataclass
+class ComparisonResult:
+    """What `main` left: ``output_dir``, ``table`` (``results.md``), ``records`` (every metric of every run and
+    seed, ``results.json``'s records), ``summary`` (the rest of ``results.json``: means, CIs, tests) and ``code``:
+    0 when every unit finished, 1 when some did not (``failed``: unit -> its error), 128 + N when signal N stopped
+    the session; ``retry``: how to go on."""
+
+    output_dir: Path
+    table: str
+    records: list[dict[str, Any]]
+    summary: dict[str, Any]
+    code: int = 0
+    failed: dict[str, str] = field(default_factory=dict)
+    retry: str = ""
+
+
+def main(spec: CompareSpec) -> ComparisonResult:
+    """Run the comparison ``spec`` (`vlkit.compare.spec.CompareSpec`): check everything, write the plan, run this
+    session's units on the executor (holding the output folder's lock, `vlkit.locks`), then the report."""
+    output_dir = Path(spec.output_dir or Path("outputs") / "compare" / datetime.now().strftime("%Y%m%d-%H%M%S"))
+    writes = {} if spec.config.get("dry_run") or int(os.environ.get("RANK", "0") or 0) else {"output_dir": output_dir}
+    with hold(writes, command=_invocation(spec)):  # one writer per comparison folder
+        return _main(spec, output_dir)
+
+
+def _invocation(spec: CompareSpec) -> str:
+    return shlex.join(["vlkit", "compare", *spec.argv]) if spec.argv is not None else "vlkit.compare(...)"
+
+
+def _main(spec: CompareSpec, output_dir: Path) -> ComparisonResult:
     import torch
 
     from vlkit.compare.executors import ExecutorSettings
@@ -100,31 +125,19 @@ def main(cfg: Any, overrides: list[str] | None = None, started: float | None = N
     from vlkit.registry import EXECUTORS
     from vlkit.runtime import every
 
-    started = time.time() if started is None else started
-    from vlkit.train.commands import explicit_keys
-
-    cfg = resolve_config(cfg, explicit_keys(overrides) if overrides is not None else None)
-    compare = cfg["compare"]
-    if not cfg.get("manifest"):
-        from vlkit.train.commands import explicit_keys
-
-        drop_preset_title(compare, explicit_keys(overrides))
-    _check_seeds(compare.get("seeds"))
+    started = time.time() if spec.started is None else spec.started
+    cfg, compare = spec.config, spec.compare
     settings = ExecutorSettings(cfg)
-    plan_settings(compare)
     heartbeat = heartbeat_s(compare)
     torch.set_num_threads(settings.threads)
     comparison = Comparison(cfg, Path(cfg.get("output_dir") or "."), progress=cfg.get("progress", True))
     check_claims(compare.get("claims") or [], [s.name for s in comparison.specs])
-    look_sizes_of(compare)
     comparison.check_models()
     comparison.check_task_sources()
     comparison.check_trainers()
     executor_cls = EXECUTORS.get(compare.get("executor") or "local")
     if not cfg.get("dry_run"):  # a dry run plans for the machines it will run on, not for this one
         executor_cls.check(settings)  # its extra importable, its settings known: before any file is written
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    output_dir = Path(cfg.get("output_dir") or Path("outputs") / "compare" / stamp)
     if cfg.get("resume") and (output_dir / PLAN_FILE).is_file():  # the digests of the last session: big files read once
         remember(saved_plan(cfg, output_dir, True).get("digests"))
     for unit in comparison.all_units():  # every unit's identity: its settings and the content of its input files
@@ -132,37 +145,46 @@ def main(cfg: Any, overrides: list[str] | None = None, started: float | None = N
     if cfg.get("dry_run"):
         from vlkit.compare.estimate import dry_run
 
-        print(dry_run(comparison, settings))
-        return 0
+        table = dry_run(comparison, settings)
+        if not spec.quiet:
+            print(table)
+        return ComparisonResult(output_dir, table, [], {})
     comparison.output_dir = output_dir
-    argv = list(overrides if overrides is not None else sys.argv[2:])
+    argv = list(spec.argv or [])
     saved_plan(cfg, output_dir, bool(cfg.get("resume")))  # the folder's checks, before the data work
     _prepare_environments(comparison, settings)
     plan_path = write_plan(cfg, output_dir, argv, bool(cfg.get("resume")), known())
-    session = Session.begin(output_dir, started, shlex.join(["vlkit", "compare", *argv]), compare.get("executor") or "local")
+    session = Session.begin(output_dir, started, _invocation(spec), compare.get("executor") or "local")
     try:
         with every(heartbeat, session.beat):
             outcomes, stopped_by = run_session(comparison, executor_cls, plan_path, settings)
         bad = {k: o for k, o in outcomes.items() if o["state"] != "finished"}
         how = (f"stopped by {signal.Signals(stopped_by[0]).name}" if stopped_by else
                f"{len(bad)} unit(s) did not finish" if bad else "finished")
-        table = report_from_folder(comparison, session, how)
+        table, records = report_from_folder(comparison, session, how, with_records=True)
     except BaseException as err:
         if session.record["ended"] is None:
             session.end(f"error: {type(err).__name__}")
         raise
-    retry = retry_command(argv, output_dir)
+    retry = retry_command(argv, output_dir) if spec.argv is not None else "the same call with resume=True"
+    summary = read_json(output_dir / "results.json", "results.json") if (output_dir / "results.json").is_file() else {}
+    summary.pop("records", None)
+    written = output_dir / "results.md"
+    result = ComparisonResult(output_dir, written.read_text(encoding="utf-8") if written.is_file() else table,
+                              clean_json(records), summary, retry=retry,
+                              failed={k: o.get("error") or o["state"] for k, o in bad.items()})
     if stopped_by:
         print(f"vlkit compare: {how}; finished units are kept in {output_dir}. Go on with:\n  {retry}", file=sys.stderr)
-        return 128 + stopped_by[0]
-    print(f"\n{table}\n\nresults in {output_dir} (tests, chance levels and verdicts: {output_dir / 'results.md'})")
+        return dataclasses.replace(result, code=128 + stopped_by[0])
+    if not spec.quiet:
+        print(f"\n{table}\n\nresults in {output_dir} (tests, chance levels and verdicts: {output_dir / 'results.md'})")
     if bad:
         lines = [f"  {k}: {o['state']}: {o.get('error') or ''}" for k, o in bad.items()]
         print(f"vlkit compare: {how} (every other unit did):\n" + "\n".join(lines)
               + f"\nEach failed unit's traceback.txt and unit.log are in its folder under {output_dir / 'runs'}. "
               f"After fixing the cause, rerun them (and their dependents only) with:\n  {retry}", file=sys.stderr)
-        return 1
-    return 0
+        return dataclasses.replace(result, code=1)
+    return result
 
 
 def _prepare_environments(comparison: Comparison, settings: Any) -> None:
@@ -179,12 +201,14 @@ def _prepare_environments(comparison: Comparison, settings: Any) -> None:
         torch.set_num_threads(previous)
 
 
-def report_from_folder(comparison: Comparison, session: Any = None, how: str = "finished") -> str:
+def report_from_folder(comparison: Comparison, session: Any = None, how: str = "finished",
+                       with_records: bool = False) -> Any:
     """Rebuild the report (``results.*``, plots, ``manifest.json``, ``units.md``) from the units' folders and the
     sessions' records; the units that are not finished are listed as missing, running, failed or stale. ``session``:
     this process's `vlkit.compare.account.Session`, ended ``how`` as the report takes the account. Returns the table
-    and the account's line. A failure of the account (pricing the plan, reading the sessions) costs no record: the
-    report is written, its account saying what failed (`vlkit.compare.account.guarded`)."""
+    and the account's line (and every run's records, with ``with_records``). A failure of the account (pricing the
+    plan, reading the sessions) costs no record: the report is written, its account saying what failed
+    (`vlkit.compare.account.guarded`)."""
     from vlkit.compare.account import guarded, settled, spent_plan
     from vlkit.compare.manifest import write_manifest
     from vlkit.compare.plots import plot_alignment
@@ -207,7 +231,8 @@ def report_from_folder(comparison: Comparison, session: Any = None, how: str = "
         acct = settled(comparison, plan, failed)
         units = units_markdown(output_dir, states, acct)
         atomic_write_text(output_dir / "units.md", units)
-        return "\n".join([units, *account_notes(acct)])
+        shown = "\n".join([units, *account_notes(acct)])
+        return (shown, []) if with_records else shown
     records, audit, curves = collect(comparison, done)
     expected = cfg.get("expected_data_hash")
     if expected and expected != audit["data_hash"] and len(done) == len(states):
@@ -234,7 +259,7 @@ def report_from_folder(comparison: Comparison, session: Any = None, how: str = "
     table = write_outputs(output_dir, cfg, records, audit, curves, acct, costs) + "\n\n" + account_line(acct)
     if unfinished:
         table += f"\n\n{unfinished} of {len(states)} units are not finished: see {output_dir / 'units.md'}"
-    return table
+    return (table, records) if with_records else table
 
 
 def report_main(cfg: Any) -> int:

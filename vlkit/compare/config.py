@@ -283,3 +283,4 @@ def run_data(data: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
     e.g. a BUTD feature store for the region families and the image folder for a pixel family)."""
     image = (spec.data or {}).get("image")
     return {**data, "image": {**(data.get("image") or {}), **image}} if image else data
+

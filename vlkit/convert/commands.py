@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vlkit.config import plain
+from vlkit.config import SWITCH, plain
 from vlkit.convert import from_official, save_converted
 from vlkit.data.tokenizers import TokenizerError, build_tokenizer
 from vlkit.io import atomic_directory, refuse_overwrite, safe_pickle_load
@@ -31,6 +31,9 @@ def read_answers(path: str | Path) -> list[str]:
         raise ValueError(f"{path}: expected a list of answer strings or an answer -> label map")
     return values
 
+
+# The rules of the command's own keys (`vlkit.config.Rule`), checked by the console before the command runs.
+KEY_RULES = {"convert": {"overwrite": SWITCH}}
 
 def convert(cfg) -> int:
     """Convert ``src`` (family ``family``, or the one whose key signature it carries) and write the vlkit run

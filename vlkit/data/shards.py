@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from vlkit.config import COUNT, SWITCH
 from vlkit.data.images import FolderImages
 from vlkit.data.shapes import ShapesWorld
 from vlkit.io import atomic_directory, refuse_overwrite
@@ -150,6 +151,10 @@ def _folder_bytes(folder: str | os.PathLike) -> Callable[[str], bytes]:
 
     return read
 
+
+# The rules of the command's own keys (`vlkit.config.Rule`), checked by the console before the command runs.
+KEY_RULES = {"make-shards": {"shard_size": COUNT, "row_group_size": COUNT, "overwrite": SWITCH, "num_images": COUNT,
+                             "image_size": COUNT}}
 
 def make_shards_main(cfg: Any) -> int:
     """``vlkit make-shards``: see ``conf/make-shards.yaml``."""

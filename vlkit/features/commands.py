@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vlkit.config import plain as to_plain
+from vlkit.config import COUNT, FRACTION, SWITCH, plain as to_plain
 from vlkit.features import importers
 from vlkit.features.distributed import distributed_extraction, launch
 from vlkit.features.store import FeatureStore, skipped_path
@@ -27,6 +27,13 @@ def _extraction_options(cfg: Any) -> dict[str, Any]:
                 min_boxes=cfg["min_boxes"], max_boxes=cfg["max_boxes"], conf_th=cfg["conf_th"], resume=cfg["resume"],
                 dtype=cfg["dtype"], on_error=cfg.get("on_error", "raise"))
 
+
+# The rules of the commands' own keys (`vlkit.config.Rule`), checked by the console before the command runs.
+KEY_RULES = {
+    "extract-features": {"processes": COUNT, "batch_size": COUNT, "min_boxes": COUNT, "max_boxes": COUNT,
+                         "conf_th": FRACTION, "resume": SWITCH, "progress": SWITCH, "threads": COUNT},
+    "import-features": {"resume": SWITCH, "progress": SWITCH, "threads": COUNT},
+}
 
 def extract_features(cfg: Any) -> int:
     """One process writes ``out`` (a file); ``processes=N`` (or a run under ``accelerate launch``) spreads the

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from vlkit.config import SWITCH
 from vlkit.features.h5format import (FeatureStoreError, copy_images, file_attrs, open_h5, provenance_diff,
                                      unescape_id)
 from vlkit.io import atomic_path, atomic_write_text, refuse_overwrite
@@ -157,6 +158,9 @@ def merge_shards(directory: str | os.PathLike, out: str | os.PathLike, overwrite
             dst.attrs["num_images"] = copy_images(sources, dst)
     return out
 
+
+# The rules of the command's own keys (`vlkit.config.Rule`), checked by the console before the command runs.
+KEY_RULES = {"merge-features": {"overwrite": SWITCH}}
 
 def merge_features(cfg: Any) -> int:
     """``vlkit merge-features src=DIR [out=FILE.h5]``: build DIR's index, and with ``out`` join its shards."""

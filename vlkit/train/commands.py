@@ -1,64 +1,71 @@
-"""`vlkit pretrain | finetune | evaluate`: Hydra apps over ``conf/{pretrain,finetune,evaluate}.yaml``.
+"""`vlkit pretrain | finetune | evaluate`: each runs its typed spec (`vlkit.train.spec`) and returns a `RunResult`.
 
-Every command accepts ``model=``, ``model.preset=``, ``objectives=``, ``data=``, ``task=``,
-``trainer.max_steps=``, ``trainer.seed=``, ``trainer.output_dir=`` and ``resume=``; every training
-run writes ``<output_dir>/metrics.jsonl``, ``<output_dir>/checkpoints/`` and ``<output_dir>/preflight.json``
-(``skipped.jsonl`` too when ``data.on_error=skip`` left examples out). With ``init=`` the model (its
-family and sizes) comes from the saved run; ``model=`` / ``model.<field>=`` given on the command line
-must agree with it (the preflight says which do not). ``overrides``: the command line's ``key=value``
-strings, from which the explicitly set keys are read.
+The command line builds the spec from ``conf/{pretrain,finetune,evaluate}.yaml`` and its ``key=value`` settings,
+Python from keyword arguments (`vlkit.pretrain` ...); the command itself knows neither. Every training run writes
+``<output_dir>/metrics.jsonl``, ``<output_dir>/checkpoints/`` and ``<output_dir>/preflight.json`` (``skipped.jsonl``
+too when ``data.on_error=skip`` left examples out), holding its folder's lock (`vlkit.locks`: one writer) while it
+runs. With ``init`` the model (its family and sizes) comes from the saved run or the model object; ``model`` keys
+the caller set (``spec.explicit``) must agree with it (the preflight says which do not).
 """
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from vlkit.config import plain
 from vlkit.environment import prepare_environment
+from vlkit.locks import hold
 from vlkit.runtime import set_threads
 from vlkit.train import pipeline
+from vlkit.train.spec import EvaluateSpec, FinetuneSpec, PretrainSpec, RunResult
+
+def _announce(spec: Any, what: str, payload: dict) -> None:
+    if not spec.quiet:
+        print(json.dumps({what: payload}, indent=2, sort_keys=True, default=str))
 
 
-def _announce(what: str, payload: dict) -> None:
-    print(json.dumps({what: payload}, indent=2, sort_keys=True, default=str))
+def _saved_init(spec: Any) -> str | None:
+    """``init`` when it names a folder (a run or a saved model); None for none or a model object."""
+    return spec.init if isinstance(spec.init, str) else None
 
 
-def explicit_keys(overrides: Sequence[str] | None) -> set[str]:
-    """The config keys a command line sets (``model=uniter`` -> ``model``, ``+a.b=1`` -> ``a.b``)."""
-    keys = set()
-    for override in overrides or ():
-        key, sep, _ = override.partition("=")
-        if sep:
-            keys.add(key.lstrip("+~"))
-    return keys
-
-
-def _model_and_preflight(cfg, overrides: Sequence[str] | None):
-    """(the model config of the run: ``init``'s when given, else ``cfg.model``; a `Preflight` holding the
-    ``init=`` checks)."""
+def _model_and_preflight(spec: Any):
+    """(the model config of the run: ``init``'s when given, else ``spec.model``; a `Preflight` holding the
+    ``init`` checks)."""
     from vlkit.train.preflight import Preflight
 
     check = Preflight()
-    check.check_output_dir(cfg.trainer.output_dir, bool(cfg.resume))
-    model_cfg = plain(cfg.model)
+    check.check_output_dir(spec.trainer.output_dir, spec.trainer.resume)
+    if spec.init is not None and not isinstance(spec.init, str):  # a model built in Python: its own config
+        model_cfg = {"name": spec.init.family, **spec.init.config.to_dict()}
+        if spec.processor is not None and spec.processor.family != spec.init.family:
+            check.problem(f"the processor was built for {spec.processor.family}, not {spec.init.family}: "
+                          f"build the processor for {spec.init.family} (vlkit.build_processor)")
+            check.finish()
+        return model_cfg, check
+    model_cfg = copy.deepcopy(spec.model)
     before = len(check.problems)
-    saved = check.check_init(cfg.get("init"), model_cfg, explicit_keys(overrides))
-    _check_init_on_resume(check, cfg, explicit_keys(overrides))
+    saved = check.check_init(spec.init, model_cfg, spec.explicit)
+    _check_init_on_resume(check, spec)
+    if spec.processor is not None and model_cfg and spec.processor.family != model_cfg.get("name") and saved is None:
+        check.problem(f"the processor was built for {spec.processor.family}, not {model_cfg.get('name')}: build "
+                      f"the processor for {model_cfg.get('name')} (vlkit.build_processor), or the model by name")
     if len(check.problems) > before:
         check.finish()  # the model to build is unclear: stop before preparing any data for it
     return (saved if saved is not None else model_cfg), check
 
 
-def _check_init_on_resume(check: Any, cfg: Any, explicit: set[str]) -> None:
-    """``init=`` with ``resume=true``: a resumed run continues from its own checkpoint, so an ``init=`` it did not
-    start from would be ignored (and its tokenizer differ): a problem about init= and resume=, not the tokenizer."""
+def _check_init_on_resume(check: Any, spec: Any) -> None:
+    """``init`` with ``resume``: a resumed run continues from its own checkpoint, so an ``init`` it did not start
+    from would be ignored (and its tokenizer differ): a problem about init= and resume=, not the tokenizer."""
     from vlkit.data.tokenizers import run_tokenizer
     from vlkit.train import checkpoint as ckpt
     from vlkit.train.trainer import CHECKPOINTS
 
-    init, out = cfg.get("init"), cfg.trainer.get("output_dir")
-    if not (init and cfg.resume and out):
+    init, out = _saved_init(spec), spec.trainer.output_dir
+    if not (init and spec.trainer.resume and out):
         return
     path = ckpt.latest_checkpoint(Path(out) / CHECKPOINTS)
     if path is None:
@@ -67,7 +74,7 @@ def _check_init_on_resume(check: Any, cfg: Any, explicit: set[str]) -> None:
         started = ((ckpt.read_state(path, verify=False).get("run") or {}).get("data") or {}).get("tokenizer")
     except ckpt.CheckpointError:
         return  # check_resume names the damaged checkpoint
-    ours = cfg.data.get("tokenizer") if "data.tokenizer" in explicit else run_tokenizer(init)
+    ours = spec.data.get("tokenizer") if "data.tokenizer" in spec.explicit else run_tokenizer(init)
     if started is None or ours is None or str(started) == str(ours):
         return  # the run started from this init= (the same command again): resume it
     check.problem(f"init={init} with resume=true: trainer.output_dir={out} holds a run ({path}) that did not start "
@@ -76,118 +83,136 @@ def _check_init_on_resume(check: Any, cfg: Any, explicit: set[str]) -> None:
                   "and choose another trainer.output_dir to start a run from init=")
 
 
-def _run_data(data_cfg: Any, run: str | Path | None, given: Any, explicit: set[str]) -> dict[str, Any]:
-    """``data_cfg`` with the tokenizer a saved ``run`` (``init=`` / ``checkpoint=``) uses
-    (`vlkit.data.tokenizers.run_tokenizer`), unless the command line sets ``data.tokenizer`` (``given``)."""
+def _run_data(data_cfg: Any, run: str | Path | None, explicit: set[str] | frozenset[str]) -> dict[str, Any]:
+    """``data_cfg`` with the tokenizer a saved ``run`` (``init`` / ``checkpoint``) uses
+    (`vlkit.data.tokenizers.run_tokenizer`), unless the caller sets ``data.tokenizer``."""
     from vlkit.data.tokenizers import run_tokenizer
 
     data = plain(data_cfg)
     saved = run_tokenizer(run) if run else None
-    if "data.tokenizer" in explicit:
-        data["tokenizer"] = given
-    elif saved:
+    if saved and "data.tokenizer" not in explicit:
         data["tokenizer"] = saved
     return data
 
 
-def _prepare(cfg, model_cfg: dict[str, Any], check: Any, overrides: Sequence[str] | None):
-    """(environment, model) of a pretrain / finetune run; the tokenizer checked against the model and ``init=``."""
+def _prepare(spec: Any, model_cfg: dict[str, Any], check: Any):
+    """(environment, model) of a pretrain / finetune run; the tokenizer checked against the model and ``init``."""
     from accelerate.utils import set_seed
 
-    data = _run_data(cfg.data, cfg.get("init"), cfg.data.get("tokenizer"), explicit_keys(overrides))
-    env = prepare_environment(model_cfg, data, cfg.get("cache_dir"), init=cfg.get("init"))
-    set_seed(cfg.trainer.seed)  # after the environment: a first feature extraction draws from the global RNG
-    model = pipeline.build_run_model(env, cfg.get("init"))
-    check.check_tokenizer(env.tokenizer, env.data["tokenizer"], model, cfg.get("init"))
+    init = _saved_init(spec)
+    data = _run_data(spec.data, init, spec.explicit)
+    env = prepare_environment(model_cfg, data, spec.cache_dir, init=spec.init)  # a model: its own sizes
+    set_seed(spec.trainer.seed)  # after the environment: a first feature extraction draws from the global RNG
+    if init is None and spec.init is not None:  # a model built in Python: a copy of it (the caller's stays as it is)
+        model = pipeline.build_run_model(env)
+        model.load_state_dict(spec.init.state_dict())
+    else:
+        model = pipeline.build_run_model(env, init)
+    if spec.processor is not None:
+        model.processor = spec.processor  # saved beside the run's model
+    check.check_tokenizer(env.tokenizer, env.data["tokenizer"], model, init)
     return env, model
 
 
-def pretrain(cfg, overrides: Sequence[str] | None = None) -> int:
-    """Pre-train ``model`` on ``data`` with the objective mix ``objectives`` (default: the family's own)."""
-    seed = cfg.trainer.seed
-    model_cfg, check = _model_and_preflight(cfg, overrides)
-    set_threads(cfg.get("threads"), model_cfg.get("preset"))
-    env, model = _prepare(cfg, model_cfg, check, overrides)
-    trainer_cfg = plain(cfg.trainer) | {"resume": bool(cfg.resume)}
-    _, result = pipeline.pretrain_model(env, model, cfg.get("objectives"), trainer_cfg, cfg.trainer.output_dir, seed,
-                                        preflight=check)
+def _result(kind: str, output_dir: str | Path, history: list, metrics: dict) -> RunResult:
+    """The result of the run in ``output_dir``: its ``metrics`` and ``history`` as computed, its record and files."""
+    output_dir = Path(output_dir)
+    record = pipeline.read_run_info(output_dir)
+    files = {"model": output_dir / "model", "tokenizer": output_dir / "tokenizer", "run": output_dir / "run.json",
+             "metrics": output_dir / "metrics.jsonl", "checkpoints": output_dir / "checkpoints"}
+    return RunResult(kind, output_dir, dict(metrics), list(history), record,
+                     {k: v for k, v in files.items() if v.exists()})
+
+
+def pretrain(spec: PretrainSpec) -> RunResult:
+    """Pre-train ``spec.model`` (or ``spec.init``'s) on ``spec.data`` with the objective mix ``spec.objectives``
+    (default: the family's own)."""
+    with hold(spec.writes(), command=spec.invocation or "vlkit pretrain"):  # one writer per output folder
+        model_cfg, check = _model_and_preflight(spec)
+        set_threads(spec.threads, model_cfg.get("preset"))
+        env, model = _prepare(spec, model_cfg, check)
+        trainer_cfg = spec.trainer.to_dict()
+        _, result = pipeline.pretrain_model(env, model, spec.objectives, trainer_cfg, spec.output_dir,
+                                            spec.trainer.seed, preflight=check)
     last = result.history[-1] if result.history else {}
-    _announce("pretrain", {"output_dir": cfg.trainer.output_dir, "steps": result.step, "last": last})
-    return 0
+    _announce(spec, "pretrain", {"output_dir": spec.output_dir, "steps": result.step, "last": last})
+    return _result("pretrain", spec.output_dir, result.history, last)
 
 
-def finetune(cfg, overrides: Sequence[str] | None = None) -> int:
-    """Fine-tune ``model`` (from scratch, or from a pre-training run with ``init=``) on ``task``."""
-    if cfg.task.name is None:
-        from vlkit.registry import TASKS
-
-        raise ValueError(f"vlkit finetune needs a task: task={' | '.join(TASKS.names())}")
-    seed = cfg.trainer.seed
-    model_cfg, check = _model_and_preflight(cfg, overrides)
-    set_threads(cfg.get("threads"), model_cfg.get("preset"))
-    env, model = _prepare(cfg, model_cfg, check, overrides)
-    if cfg.get("init") and (Path(cfg.init) / pipeline.PRETRAINING_WEIGHTS).exists():
-        model = pipeline.load_pretraining(cfg.init, model)  # its heads: retrieval starts from the ITM head
-    trainer_cfg = plain(cfg.trainer) | {"resume": bool(cfg.resume)}
-    *_, metrics = pipeline.finetune_task(env, model, cfg.task, trainer_cfg, cfg.trainer.output_dir, seed,
-                                         tuple(cfg.eval_splits), preflight=check)
-    _announce("finetune", {"output_dir": cfg.trainer.output_dir, "metrics": metrics})
-    return 0
+def finetune(spec: FinetuneSpec) -> RunResult:
+    """Fine-tune ``spec.model`` (from scratch, or from a pre-training run or model with ``spec.init``) on
+    ``spec.task``."""
+    with hold(spec.writes(), command=spec.invocation or "vlkit finetune"):
+        model_cfg, check = _model_and_preflight(spec)
+        set_threads(spec.threads, model_cfg.get("preset"))
+        env, model = _prepare(spec, model_cfg, check)
+        init = _saved_init(spec)
+        if init and (Path(init) / pipeline.PRETRAINING_WEIGHTS).exists():
+            model = pipeline.load_pretraining(init, model)  # its heads: retrieval starts from the ITM head
+        trainer_cfg = spec.trainer.to_dict()
+        _, _, result, metrics = pipeline.finetune_task(env, model, spec.task, trainer_cfg, spec.output_dir,
+                                                       spec.trainer.seed, tuple(spec.eval_splits), preflight=check)
+    _announce(spec, "finetune", {"output_dir": spec.output_dir, "metrics": metrics})
+    return _result("finetune", spec.output_dir, result.history, metrics)
 
 
-def evaluate(cfg, overrides: Sequence[str] | None = None) -> int:
-    """Evaluate a fine-tuning run (``checkpoint=`` its output_dir), or a pre-training run zero-shot
-    on ``task`` (retrieval with the pre-training ITM head). A converted official checkpoint
-    (``vlkit convert``) records no data: ``data=`` and ``task=`` name them.
+def evaluate(spec: EvaluateSpec) -> RunResult:
+    """Evaluate a fine-tuning run (``spec.checkpoint``: its output_dir), or a pre-training run zero-shot on
+    ``task`` (retrieval with the pre-training ITM head). A converted official checkpoint (``vlkit convert``)
+    records no data: ``data`` and ``task`` name them.
 
-    ``split=NAME`` evaluates that split alone (else ``eval_splits``); ``task=<the run's task> task.<key>=``
-    given on the command line overrides the run's task config (e.g. the files of a test split); ``eval_options.<key>=``
-    the task's scoring options (VQA ``rules``, RefExp ``iou_boxes`` / ``iou_comparison``, retrieval
-    ``ties`` / ``uniter_ir_rows``). ``predictions=PATH`` writes the split's predictions in its leaderboard format
-    (`vlkit.tasks.predictions`); metrics are computed too when the split has labels.
+    ``split`` evaluates that split alone (else ``eval_splits``); the ``task.<key>`` values the caller sets
+    override the run's task config (e.g. the files of a test split); ``eval_options`` the task's scoring options
+    (VQA ``rules``, RefExp ``iou_boxes`` / ``iou_comparison``, retrieval ``ties`` / ``uniter_ir_rows``).
+    ``predictions`` writes the split's predictions in its leaderboard format (`vlkit.tasks.predictions`);
+    metrics are computed too when the split has labels.
     """
+    with hold(spec.writes(), command=spec.invocation or "vlkit evaluate"):
+        return _evaluate(spec)
+
+
+def _evaluate(spec: EvaluateSpec) -> RunResult:
     from vlkit.io import atomic_write_text, load_weights
     from vlkit.registry import TASKS
     from vlkit.tasks import build_task
+    from vlkit.tasks.predictions import check_predictions_path
     from vlkit.train.preflight import Preflight, read_init
 
-    directory = Path(cfg.checkpoint)
-    splits = (str(cfg.split),) if cfg.get("split") else tuple(cfg.eval_splits)
-    if cfg.get("predictions") and len(splits) != 1:
-        raise ValueError(f"predictions={cfg.predictions} writes one split: name it with split= (eval_splits has "
+    directory = Path(spec.checkpoint)
+    splits = (spec.split,) if spec.split else tuple(spec.eval_splits)
+    if spec.predictions and len(splits) != 1:
+        raise ValueError(f"predictions={spec.predictions} writes one split: name it with split= (eval_splits has "
                          f"{len(splits)})")
-    from vlkit.tasks.predictions import check_predictions_path
-
     for key in ("predictions", "output"):  # files to write, checked before the split is predicted
-        if cfg.get(key):
-            check_predictions_path(cfg[key], key)
+        if getattr(spec, key):
+            check_predictions_path(getattr(spec, key), key)
     info = pipeline.read_run_info(directory)
     if info["kind"] not in ("pretrain", "finetune"):
         raise ValueError(f"{directory} holds a {info['kind']} without heads: fine-tune it (init={directory}) first")
     _, model_cfg = read_init(directory)  # the run's model config: its input geometry
-    set_threads(cfg.get("threads"), model_cfg.get("preset"))
-    eval_options = {k: v for k, v in (plain(cfg.get("eval_options")) or {}).items() if v is not None}
+    set_threads(spec.threads, model_cfg.get("preset"))
+    eval_options = dict(spec.eval_options)
+    name = spec.task.get("name")
     if info["kind"] == "finetune":
-        if cfg.task.name is not None and cfg.task.name != info["task"]:
-            raise ValueError(f"task={cfg.task.name}: {directory} is a {info['task']} run; task={info['task']} (or no "
+        if name is not None and name != info["task"]:
+            raise ValueError(f"task={name}: {directory} is a {info['task']} run; task={info['task']} (or no "
                              f"task=) evaluates it, task.<key>= overriding its recorded task config")
-        task_cfg = info["task_cfg"] if info.get("task_cfg") is not None else plain(cfg.task)
+        task_cfg = info["task_cfg"] if info.get("task_cfg") is not None else plain(spec.task)
         if task_cfg.get("name") != info["task"]:
             raise ValueError(f"{directory} holds a {info['task']} task that records no data: pass task={info['task']} "
                              "and data= for it")
-        task_cfg = _override_task(task_cfg, plain(cfg.task), explicit_keys(overrides))
-    elif cfg.task.name != "retrieval":
+        task_cfg = _override_task(task_cfg, spec.task, spec.explicit)
+    elif name != "retrieval":
         raise ValueError(f"{directory} is a pre-training run: only zero-shot retrieval evaluates one (task=retrieval)")
     else:
-        task_cfg = plain(cfg.task)
+        task_cfg = plain(spec.task)
     _check_eval_options(task_cfg["name"], eval_options)
-    if cfg.get("predictions"):
+    if spec.predictions:
         from vlkit.tasks.predictions import PREDICTIONS
 
         fmt = PREDICTIONS.get(task_cfg["name"])  # an unknown format fails before any work
-    data_cfg = _run_data(info["data"] if info.get("data") is not None else cfg.data, directory,
-                         cfg.data.get("tokenizer"), explicit_keys(overrides))
-    env = prepare_environment(model_cfg, data_cfg, cfg.get("cache_dir"), init=directory)
+    data_cfg = _run_data(info["data"] if info.get("data") is not None else spec.data, directory, spec.explicit)
+    env = prepare_environment(model_cfg, data_cfg, spec.cache_dir, init=directory)
     if info["kind"] == "finetune":
         model = pipeline.from_pretrained(directory / "model")
         if info.get("pretraining"):  # a task that kept pre-training heads (retrieval's ITM head)
@@ -203,19 +228,25 @@ def evaluate(cfg, overrides: Sequence[str] | None = None) -> int:
     check.finish()
     batch_size = task_cfg.get("eval_batch_size", 64)
     announced: dict[str, Any] = {"checkpoint": str(directory)}
+    paths: dict[str, Path] = {}
+    metrics: dict[str, Any] = {}
     scored = splits
-    if cfg.get("predictions"):
+    if spec.predictions:
         from vlkit.tasks.predictions import write_predictions
 
-        announced["predictions"] = write_predictions(task, data.eval[splits[0]], cfg.predictions, batch_size)
+        announced["predictions"] = write_predictions(task, data.eval[splits[0]], spec.predictions, batch_size)
+        paths["predictions"] = Path(spec.predictions)
         scored = splits if fmt.labelled(data.eval[splits[0]]) else ()
     if scored:
         metrics = pipeline.evaluate_task(task, data, scored, batch_size)
-        out = Path(cfg.get("output") or directory / "eval.json")
+        out = Path(spec.output or directory / "eval.json")
         atomic_write_text(out, json.dumps(metrics, indent=2, sort_keys=True))
         announced.update(metrics=metrics, written=str(out))
-    _announce("evaluate", announced)
-    return 0
+        paths["eval"] = out
+    _announce(spec, "evaluate", announced)
+    result = _result("evaluate", directory, [], metrics)
+    result.paths.update(paths)
+    return result
 
 
 def _check_eval_options(task: str, options: dict) -> None:
@@ -232,10 +263,8 @@ def _check_eval_options(task: str, options: dict) -> None:
                          f"{', '.join(scoring) or 'none'})")
 
 
-def _override_task(recorded: dict, given: dict, keys: set[str]) -> dict:
-    """The run's task config with the ``task.<key>`` values the command line sets (not ``task.name``)."""
-    import copy
-
+def _override_task(recorded: dict, given: dict, keys: Any) -> dict:
+    """The run's task config with the ``task.<key>`` values the caller sets (not ``task.name``)."""
     out = copy.deepcopy(recorded)
     for key in sorted(k for k in keys if k.startswith("task.") and k != "task.name"):
         *parents, leaf = key.split(".")[1:]

@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from vlkit import runtime
+from vlkit.config import Problem, SpecError
 from vlkit.models.compile import compile_blocks, set_activation_checkpointing
 from vlkit.train import checkpoint as ckpt
 from vlkit.train.distributed import BATCHING, LoaderConfig, batch_units, build_train_loader, shard_batch
@@ -41,12 +42,8 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 
 
-class TrainerConfigError(ValueError):
-    """Values a `TrainerConfig` cannot train with; ``problems`` lists each, naming its key."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = list(problems)
-        super().__init__("; ".join(self.problems))
+class TrainerConfigError(SpecError):
+    """Values a `TrainerConfig` cannot train with; ``problems`` lists each, naming its key (``trainer.<key>``)."""
 
 
 @dataclass
@@ -104,42 +101,42 @@ class TrainerConfig:
         if problems:
             raise TrainerConfigError(problems)
 
-    def problems(self) -> list[str]:
+    def problems(self) -> list[Problem]:
         """Every value this config cannot train with (NaN, inf, out of range, empty), each naming its key."""
         out = []
         for name, allowed in (("no_decay", NO_DECAY_RULES), ("schedule", SCHEDULES),
                               ("mixed_precision", MIXED_PRECISION), ("batching", BATCHING),
                               ("adamw_rule", ADAMW_RULES), ("adamw_impl", ADAMW_IMPLS)):
             if getattr(self, name) not in allowed:
-                out.append(f"trainer.{name}={getattr(self, name)!r}; choose one of {', '.join(allowed)}")
+                out.append(Problem(f"trainer.{name}", f"={getattr(self, name)!r}; choose one of {', '.join(allowed)}"))
         numbers = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                    if isinstance(getattr(self, f.name), (int, float)) and not isinstance(getattr(self, f.name), bool)}
         numbers.update({f"betas[{k}]": b for k, b in enumerate(self.betas)})
         bad = {name for name, value in numbers.items() if not math.isfinite(value)}
-        out += [f"trainer.{name}={numbers[name]} is not a finite number" for name in sorted(bad)]
+        out += [Problem(f"trainer.{name}", f"={numbers[name]} is not a finite number") for name in sorted(bad)]
         for name in ("max_steps", "grad_accum", "log_every", "batch_size", "max_units", "bucket_size", "size_multiple"):
             if name not in bad and getattr(self, name) < 1:
-                out.append(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
+                out.append(Problem(f"trainer.{name}", f" must be >= 1, got {getattr(self, name)}"))
         for name in ("eval_every", "save_every", "keep_checkpoints", "grad_clip", "num_workers", "lr", "eps",
                      "group_by_length", "weight_decay", "warmup", "power", "end_lr", "lr_mult", "schedule_offset"):
             if name not in bad and getattr(self, name) < 0:
-                out.append(f"trainer.{name} must be >= 0, got {getattr(self, name)}")
+                out.append(Problem(f"trainer.{name}", f" must be >= 0, got {getattr(self, name)}"))
         if self.lr_mult_head is not None and "lr_mult_head" not in bad and self.lr_mult_head < 0:
-            out.append(f"trainer.lr_mult_head must be >= 0, got {self.lr_mult_head}")
+            out.append(Problem("trainer.lr_mult_head", f" must be >= 0, got {self.lr_mult_head}"))
         if len(self.betas) != 2:
-            out.append(f"trainer.betas needs two values, got {list(self.betas)}")
+            out.append(Problem("trainer.betas", f" needs two values, got {list(self.betas)}"))
         elif not all(0 <= b < 1 for b in self.betas):
-            out.append(f"trainer.betas={list(self.betas)}: each must be in [0, 1)")
+            out.append(Problem("trainer.betas", f"={list(self.betas)}: each must be in [0, 1)"))
         if not str(self.output_dir).strip():
-            out.append("trainer.output_dir is empty: name the folder the run writes to")
+            out.append(Problem("trainer.output_dir", " is empty: name the folder the run writes to"))
         if not {"max_steps", "warmup"} & bad and self.max_steps >= 1 and self.warmup >= 0:
             try:
                 warm = warmup_steps(self.warmup, self.max_steps)
             except ValueError as err:
-                return out + [f"trainer.warmup: {err}"]
+                return out + [Problem("trainer.warmup", f": {err}")]
             if self.schedule != "constant" and warm >= self.max_steps:
-                out.append(f"trainer.warmup={self.warmup} gives {warm} warm-up steps, not fewer than "
-                           f"trainer.max_steps={self.max_steps}")
+                out.append(Problem("trainer.warmup", f"={self.warmup} gives {warm} warm-up steps, not fewer than "
+                                                     f"trainer.max_steps={self.max_steps}"))
         return out
 
     @classmethod
@@ -158,11 +155,11 @@ class TrainerConfig:
         try:
             return merge_structured(cls, cfg if cfg is not None else {}, overrides)
         except UnknownKeyError as err:  # named as the command line names it: trainer.<key>
-            raise TrainerConfigError([f"trainer.{err.key} is not a trainer setting{_close(str(err.key))}"]) from None
+            raise TrainerConfigError([Problem(f"trainer.{err.key}", f" is not a trainer setting{_close(str(err.key))}")]) from None
         except KeyTypeError as err:
             types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
             wanted = _KINDS.get(types.get(str(err.key).split(".")[0], ""), "a value of the documented type")
-            raise TrainerConfigError([f"trainer.{err.key}={err.value!r}: give {wanted}"]) from None
+            raise TrainerConfigError([Problem(f"trainer.{err.key}", f"={err.value!r}: give {wanted}")]) from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from vlkit.config import COUNT, NATURAL
 from vlkit.data.shapes.language import shapes_vocab
 from vlkit.data.shapes.scenes import ATTRIBUTES, OBJECT_CLASSES, SPLITS
 from vlkit.io import atomic_path, atomic_write_text, sha256_file
@@ -179,6 +180,10 @@ def write_shapes(world: ShapesWorld, out: str | Path, flush_every: int = 256,
     recorded = {}  # everything is now in `files`; drop entries of files this world no longer has
     return flush(counts)
 
+
+# The rules of the command's own keys (`vlkit.config.Rule`), checked by the console before the command runs.
+KEY_RULES = {"make-shapes": {"num_images": COUNT, "image_size": COUNT, "val_images": NATURAL, "test_images": NATURAL,
+                             "eval_rounds": COUNT, "train_rounds": COUNT}}
 
 def make_shapes_main(cfg) -> None:
     """``vlkit make-shapes out=DIR num_images=N seed=S [image_size=128] [val_images=V test_images=T]
