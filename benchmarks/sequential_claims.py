@@ -1,4 +1,4 @@
-"""Seeds until decided: the group-sequential claims rule (`vlkit.compare.sequential`) against the fixed design
+"""Seeds until decided: the group-sequential claims rule (`vlkit.stats.sequential`) against the fixed design
 (a two-sided paired t-test at ``max_seeds`` with Holm over the claims), simulated; no training.
 
 Each simulated comparison has 11 claims; every claim's paired differences ``a - b`` are drawn for
@@ -41,7 +41,7 @@ import numpy as np
 import scipy
 from scipy import special
 
-from vlkit.compare.sequential import look_sizes, nominal_levels, paired_power, sequential_claims, t_levels
+from vlkit.stats.sequential import look_sizes, nominal_levels, paired_power, sequential_claims, t_levels
 from vlkit.io import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sequential_claims.json"

@@ -1,4 +1,4 @@
-"""Seeds until decided (`vlkit.compare.sequential`): the spending function's nominal levels, the looks, the
+"""Seeds until decided (`vlkit.stats.sequential`): the spending function's nominal levels, the looks, the
 paired t-test's power, and the graphical Holm rule over claims (decisions, alpha recycling, frozen decisions,
 running claims), with a small Monte Carlo of its family-wise error. Pure numpy / scipy, a few seconds."""
 import math
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from vlkit.compare.sequential import (look_sizes, nominal_levels, p_value, paired_power, seeds_for_power,
+from vlkit.stats.sequential import (look_sizes, nominal_levels, p_value, paired_power, seeds_for_power,
                                       sequential_claims, spending, t_levels)
-from vlkit.compare.statistics import holm, paired_p_value
+from vlkit.stats.paired import holm, paired_p_value
 
 
 def test_nominal_levels_two_equally_spaced_looks():

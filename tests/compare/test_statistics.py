@@ -9,8 +9,8 @@ import pytest
 
 from vlkit.compare.claims import check_claims, evaluate_claims
 from vlkit.compare.report import analyse, write_outputs
-from vlkit.compare.statistics import (chance_levels, holm, mean_ci, min_detectable_effect, paired_p_value,
-                                      pairwise_tests, scratch_tests)
+from vlkit.compare.statistics import chance_levels, pairwise_tests, scratch_tests
+from vlkit.stats.paired import holm, mean_ci, min_detectable_effect, paired_p_value
 
 
 def records(effects: dict[tuple[str, str], float], seeds=(0, 1, 2, 3, 4), noise=0.01, seed=0, chance=True):

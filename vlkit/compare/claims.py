@@ -15,7 +15,7 @@ not shown by a test that fails to reject). ``paper_effect`` (optional): the pape
 against which the report sizes the seeds a claim needs.
 
 With ``compare.until=decided`` the verdicts come from the group-sequential rule instead
-(`sequential_verdicts`, `vlkit.compare.sequential`): a claim is decided at the first look that crosses its
+(`sequential_verdicts`, `vlkit.stats.sequential`): a claim is decided at the first look that crosses its
 boundary, and stays ``running`` while its runs wait for seeds.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import math
 
-from vlkit.compare.statistics import ALPHA, POWER, _finite, holm, paired_test
+from vlkit.stats.paired import ALPHA, POWER, finite, holm, paired_test
 
 EXPECTATIONS = ("higher", "not_higher")
 CLAIM_KEYS = {"claim", "a", "b", "metric", "expect", "paper", "paper_effect"}
@@ -62,7 +62,7 @@ def claim_values(records: list[dict[str, Any]], claim: dict[str, Any]) -> tuple[
     """(seeds, a's values, b's values) of a claim's metric over the seeds both sides have, in seed order."""
     va = {r["seed"]: r.get(claim["metric"]) for r in _rows(records, claim["a"])}
     vb = {r["seed"]: r.get(claim["metric"]) for r in _rows(records, claim["b"])}
-    seeds = [s for s in sorted(va) if s in vb and _finite([va[s], vb[s]]) == [va[s], vb[s]]]
+    seeds = [s for s in sorted(va) if s in vb and finite([va[s], vb[s]]) == [va[s], vb[s]]]
     return seeds, [float(va[s]) for s in seeds], [float(vb[s]) for s in seeds]
 
 
@@ -90,9 +90,9 @@ def evaluate_claims(records: list[dict[str, Any]], claims: list[dict[str, Any]])
 def sequential_verdicts(records: list[dict[str, Any]], claims: list[dict[str, Any]], sizes: list[int]
                         ) -> list[dict[str, Any]]:
     """`evaluate_claims`'s entries with the group-sequential rule's verdict over the looks ``sizes``
-    (`vlkit.compare.sequential.sequential_claims`): ``sequential`` holds the look, seeds, p and the boundary's
+    (`vlkit.stats.sequential.sequential_claims`): ``sequential`` holds the look, seeds, p and the boundary's
     level at the decision; the verdict is ``running`` while a claim waits for seeds."""
-    from vlkit.compare.sequential import sequential_claims
+    from vlkit.stats.sequential import sequential_claims
 
     out = evaluate_claims(records, claims)
     diffs = [[x - y for x, y in zip(*claim_values(records, c)[1:])] for c in claims]
@@ -113,7 +113,7 @@ def seeds_needed(entries: list[dict[str, Any]], seed_hours: dict[str, float]) ->
     (alpha / number of claims), at the paper's effect (``paper_effect``, points) and at the observed one, both with
     the observed SD of the paired differences, and what those seeds cost: ``seed_hours`` gives each run's
     device-hours per seed (`vlkit.compare.plan`)."""
-    from vlkit.compare.sequential import seeds_for_power
+    from vlkit.stats.sequential import seeds_for_power
 
     level = ALPHA / max(1, len(entries))
     out = []

@@ -1,6 +1,6 @@
 """Which seeds a comparison runs under ``compare.until=decided``: after each look, the runs that undecided claims read
 get the next look's seeds (`next_look`); a comparison read back from its folder replays the same looks
-(`replay_looks`). The rule itself is `vlkit.compare.sequential`."""
+(`replay_looks`). The rule itself is `vlkit.stats.sequential`."""
 from __future__ import annotations
 
 from vlkit.compare import records

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vlkit.compare.plots import plot_results
-from vlkit.compare.statistics import (ALPHA, COSTS, HEADLINE, VQA_ANSWER_TYPES, baseline_key, chance_levels,
+from vlkit.compare.statistics import (COSTS, HEADLINE, VQA_ANSWER_TYPES, baseline_key, chance_levels,
                                       detectable_effects, pairwise_tests, scratch_tests, summarize)
 from vlkit.runtime import GEMM_PROBE
+from vlkit.stats.paired import ALPHA
 
 COST_LABELS = {"params": "params", "train_samples_per_s": "train samples/s", "latency_ms": "latency ms/ex",
                "wall_s": "wall s"}

@@ -150,7 +150,7 @@ def _t_levels(sizes: tuple[int, ...], alpha: float) -> tuple[float, ...]:
 
 
 def p_value(d: Sequence[float]) -> float:
-    """Two-sided one-sample t-test of the differences ``d`` against 0 (= `statistics.paired_p_value`): NaN
+    """Two-sided one-sample t-test of the differences ``d`` against 0 (= `vlkit.stats.paired.paired_p_value`): NaN
     with fewer than 2 differences or none with spread, rounding aside."""
     d = [float(x) for x in d]
     n = len(d)
