@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from vlkit.compare.claims import check_claims, evaluate_claims
+from vlkit.compare.claims import check_claims, verdicts
 from vlkit.compare.report import analyse, write_outputs
 from vlkit.compare.statistics import chance_levels, pairwise_tests, scratch_tests
 from vlkit.stats.paired import holm, mean_ci, min_detectable_effect, paired_p_value
@@ -84,20 +84,31 @@ def test_scratch_and_pairwise_tests_find_the_planted_effects():
 
 
 def test_claims_get_verdicts():
+    """One-sided tests in the claims' directions (Holm over them, fixed design at 5 seeds): a claim the wrong way is
+    inconclusive unless its contradiction test is pre-registered; a claim of no gain is decided by non-superiority."""
     recs = records({("x", "pretrained"): 0.06, ("x", "scratch"): 0.0, ("y", "pretrained"): 0.0,
                     ("z", "pretrained"): 0.061})
     claims = [{"claim": "x beats its scratch", "a": "x", "b": "x/scratch", "metric": "vqa", "expect": "higher"},
               {"claim": "y beats x", "a": "y", "b": "x", "metric": "vqa", "expect": "higher"},
-              {"claim": "z does not beat x", "a": "z", "b": "x", "metric": "vqa", "expect": "not_higher"},
-              {"claim": "y does not beat x", "a": "y", "b": "x", "metric": "vqa", "expect": "not_higher"}]
+              {"claim": "y beats x (contradiction pre-registered)", "a": "y", "b": "x", "metric": "vqa",
+               "expect": "higher", "contradict": True},
+              {"claim": "z does not beat x", "a": "z", "b": "x", "metric": "vqa", "kind": "not_higher", "margin": 1.0},
+              {"claim": "y does not beat x", "a": "y", "b": "x", "metric": "vqa", "kind": "not_higher", "margin": 1.0}]
     check_claims(claims, ["x", "y", "z"])
-    verdicts = {c["claim"]: c["verdict"] for c in evaluate_claims(recs, claims)}
-    assert verdicts == {"x beats its scratch": "reproduced", "y beats x": "contradicted",
-                        "z does not beat x": "inconclusive", "y does not beat x": "reproduced"}
-    with pytest.raises(KeyError, match="not a run"):
-        check_claims([{**claims[0], "a": "w"}], ["x", "y", "z"])
-    with pytest.raises(ValueError, match="expect"):
-        check_claims([{**claims[0], "expect": "maybe"}], ["x", "y", "z"])
+    entries = {c["claim"]: c for c in verdicts(recs, claims)}
+    assert {k: e["verdict"] for k, e in entries.items()} == {
+        "x beats its scratch": "reproduced", "y beats x": "inconclusive",
+        "y beats x (contradiction pre-registered)": "contradicted",
+        "z does not beat x": "inconclusive", "y does not beat x": "reproduced"}
+    first = entries["x beats its scratch"]
+    assert first["test"] == "one-sided paired t" and first["direction"] == "a > b" and len(first["differences"]) == 5
+    assert entries["y does not beat x"]["direction"] == "a < b + 1" and first["rule"]["sign_flip_p"] == 1 / 32
+    for bad, word in (({"a": "w"}, "not a run"), ({"expect": "maybe"}, "expect"),
+                      ({"expect": "not_higher"}, "kind: not_higher with a margin"), ({"margin": 1.0}, "margin"),
+                      ({"expect": None, "kind": "equivalent"}, "margin"), ({"kind": "no_worse"}, "kind")):
+        claim = {k: v for k, v in {**claims[0], **bad}.items() if v is not None}
+        with pytest.raises((KeyError, ValueError), match=word):
+            check_claims([claim], ["x", "y", "z"])
 
 
 def test_results_json_is_strict_and_carries_chance_levels(tmp_path):

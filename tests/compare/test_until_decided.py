@@ -92,7 +92,7 @@ def test_a_comparison_until_decided_runs_rounds_and_reports_each_claims_look(tmp
     assert seeds[("a", "pretrained")] == [0, 1, 2, 3, 4] and seeds[("d", "pretrained")] == [0, 1, 2, 3, 4]
     assert result["looks"] == [3, 4, 5]
     assert [c["verdict"] for c in result["claims"]] == ["inconclusive"] * 2  # a and b are the same run: no spread
-    assert all(c["sequential"]["look"] >= 1 for c in result["claims"])
+    assert all(c["rule"]["look"] >= 1 for c in result["claims"])
     need = result["seeds_needed"]
     assert need[0]["paper_effect"] == pytest.approx(0.01) and need[0]["hours_per_seed"] > 0
     assert result["plan"]["device"] == "cpu"
@@ -103,15 +103,40 @@ def test_a_comparison_until_decided_runs_rounds_and_reports_each_claims_look(tmp
     assert sorted(p.stat().st_mtime_ns for p in out.glob("runs/*/*/*/unit.json")) == before
 
 
-def test_a_resume_that_changes_a_safe_key_records_it_in_the_plan(tmp_path):
-    """A finished fixed comparison goes on until decided: the resume-safe keys it changes (and the command) are
-    written to plan.json, which its workers and later reports read; any other change is still refused."""
-    fixed = resolve_config(compose("compare", SETTINGS[:4]))
-    write_plan(fixed, tmp_path, ["compare=smoke"], resume=False)
-    decided = resolve_config(compose("compare", SETTINGS))
-    write_plan(decided, tmp_path, ["compare.until=decided"], resume=True)
+CHANGED_CLAIMS = CLAIMS.replace("{claim: c beats d, a: c, b: d, metric: vqa, expect: higher}",
+                                "{claim: c beats d, a: c, b: d, metric: vqa, expect: lower}")
+
+
+@pytest.mark.parametrize("override, named", [
+    (f"+compare.claims={CHANGED_CLAIMS}", "compare.claims['c beats d'].expect: 'higher' -> 'lower'"),
+    (f"+compare.claims={CLAIMS[:CLAIMS.index(', {claim: c')]}]", "claim 'c beats d' dropped"),
+    ("compare.alpha=0.1", "compare.alpha: 0.05 -> 0.1"),
+    ("compare.until=fixed", "compare.until: 'decided' -> 'fixed'"),
+    ("compare.max_seeds=4", "compare.max_seeds: 5 -> 4"),
+    ("compare.max_seeds=9", "compare.max_seeds: 5 -> 9"),
+    ("compare.round_seeds=2", "compare.round_seeds: 1 -> 2"),
+    ("compare.max_device_hours=2.5", "compare.max_device_hours: None -> 2.5")])
+def test_a_resume_that_changes_the_preregistered_analysis_is_refused(tmp_path, override, named):
+    """The claims (each with its direction and kind), alpha, until, max_seeds, the round size, the looks and the budget
+    are frozen in plan.json at the first session: a resume that changes any is refused naming it, before any write."""
+    write_plan(resolve_config(compose("compare", SETTINGS)), tmp_path, [], resume=False)
     plan = json.loads((tmp_path / "plan.json").read_text())
-    assert plan["config"]["compare"]["until"] == "decided" and plan["argv"] == ["compare.until=decided"]
+    assert plan["preregistered"]["looks"] == [3, 4, 5] and plan["preregistered"]["alpha"] == 0.05
+    assert [c["expect"] for c in plan["preregistered"]["claims"]] == ["higher", "higher"]
+    settings = [x for x in SETTINGS if not x.startswith(override.split("=")[0])] + [override]
+    with pytest.raises(ValueError, match="pre-registered") as err:
+        write_plan(resolve_config(compose("compare", settings)), tmp_path, [], resume=True)
+    assert named in str(err.value) and "new output_dir" in str(err.value)
+    assert json.loads((tmp_path / "plan.json").read_text()) == plan
+
+
+def test_a_resume_that_changes_a_safe_key_records_it_in_the_plan(tmp_path):
+    """Where and how units run may change on resume: the plan then holds the new value and the resuming command."""
+    write_plan(resolve_config(compose("compare", SETTINGS)), tmp_path, ["compare=smoke"], resume=False)
+    write_plan(resolve_config(compose("compare", [*SETTINGS, "compare.retries=2"])), tmp_path, ["compare.retries=2"],
+               resume=True)
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["config"]["compare"]["retries"] == 2 and plan["argv"] == ["compare.retries=2"]
     changed = resolve_config(compose("compare", [*SETTINGS, "compare.budget.pretrain_steps=5"]))
     with pytest.raises(ValueError, match="compare.budget.pretrain_steps"):
         write_plan(changed, tmp_path, [], resume=True)

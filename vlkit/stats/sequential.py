@@ -105,34 +105,37 @@ T_SEED = 20261205  # its fixed seed: the boundaries, and so every decision, are 
 
 @lru_cache(maxsize=8)
 def _null_t(sizes: tuple[int, ...]) -> np.ndarray:
-    """|t| of the one-sample t-test after each look's seeds, over `T_PATHS` sequences of standard normal
-    differences (the null; t does not depend on the SD): [paths, looks]."""
+    """The one-sample t statistic after each look's seeds, over `T_PATHS` sequences of standard normal differences
+    (the null; t does not depend on the SD): [paths, looks]."""
     d = np.random.default_rng(T_SEED).standard_normal((T_PATHS, sizes[-1]))
     idx = np.array(sizes) - 1
     n = np.array(sizes, dtype=float)
     mean = np.cumsum(d, 1)[:, idx] / n
     var = (np.cumsum(d * d, 1)[:, idx] - n * mean * mean) / (n - 1)
-    return np.abs(mean) / np.sqrt(var / n)
+    return mean / np.sqrt(var / n)
 
 
-def t_levels(sizes: Sequence[int], alpha: float) -> list[float]:
-    """The two-sided nominal level of the paired t-test at each look after ``sizes`` seeds, from exact t
-    boundaries (Jennison & Turnbull 1991, Biometrika 78:133-141): the boundary on |t| at look k is placed so that
-    the null's chance of first crossing there is what the spending function (`spending`, information
-    ``n_k / n_K``) allots to it, the joint law of the t statistics taken from a seeded Monte Carlo of `T_PATHS`
-    null sequences. Normal levels (`nominal_levels`) applied to t at 2-5 degrees of freedom spend more than
-    ``alpha`` (benchmarks/sequential_claims.py)."""
+def t_levels(sizes: Sequence[int], alpha: float, sides: int = 1) -> list[float]:
+    """The nominal level of the paired t-test at each look after ``sizes`` seeds, one-sided (``sides=1``: the
+    p of ``t`` in the pre-registered direction) or two-sided (``|t|``), from exact t boundaries (Jennison & Turnbull
+    1991, Biometrika 78:133-141): the boundary at look k is placed so that the null's chance of first crossing there
+    is what the spending function (`spending`, information ``n_k / n_K``) allots to it, the joint law of the t
+    statistics taken from a seeded Monte Carlo of `T_PATHS` null sequences. Normal levels (`nominal_levels`)
+    applied to t at 2-5 degrees of freedom spend more than ``alpha`` (benchmarks/sequential_fwer.py)."""
     key = tuple(int(s) for s in sizes)
     if not key or key[0] < 2 or any(b <= a for a, b in zip(key, key[1:])):
         raise ValueError(f"look sizes must increase from at least 2 seeds, not {list(sizes)}")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), not {alpha}")
-    return [float(alpha)] if len(key) == 1 else list(_t_levels(key, round(float(alpha), 15)))
+    if sides not in (1, 2):
+        raise ValueError(f"sides must be 1 or 2, not {sides}")
+    return [float(alpha)] if len(key) == 1 else list(_t_levels(key, round(float(alpha), 15), sides))
 
 
 @lru_cache(maxsize=4096)
-def _t_levels(sizes: tuple[int, ...], alpha: float) -> tuple[float, ...]:
+def _t_levels(sizes: tuple[int, ...], alpha: float, sides: int) -> tuple[float, ...]:
     t = _null_t(sizes)
+    t = np.abs(t) if sides == 2 else t
     alive = np.ones(len(t), dtype=bool)
     crossed, levels = 0, []
     for k, n in enumerate(sizes):
@@ -141,97 +144,205 @@ def _t_levels(sizes: tuple[int, ...], alpha: float) -> tuple[float, ...]:
             levels.append(0.0)
             continue
         values = t[alive, k]
-        c = float(np.partition(values, len(values) - due)[len(values) - due])  # the due-th largest |t|
+        c = float(np.partition(values, len(values) - due)[len(values) - due])  # the due-th largest t (|t|)
         hit = alive & (t[:, k] >= c)
         crossed += int(hit.sum())
         alive &= ~hit
-        levels.append(float(2.0 * special.stdtr(n - 1, -c)))
+        levels.append(float(sides * special.stdtr(n - 1, -c)))
     return tuple(levels)
+
+
+def _spread(d: Sequence[float]) -> bool:
+    return len(d) >= 2 and not all(math.isclose(x, d[0], rel_tol=1e-9, abs_tol=1e-12) for x in d)
 
 
 def p_value(d: Sequence[float]) -> float:
     """Two-sided one-sample t-test of the differences ``d`` against 0 (= `vlkit.stats.paired.paired_p_value`): NaN
     with fewer than 2 differences or none with spread, rounding aside."""
-    d = [float(x) for x in d]
-    n = len(d)
-    if n < 2 or all(math.isclose(x, d[0], rel_tol=1e-9, abs_tol=1e-12) for x in d):
+    p = p_upper(d)
+    return math.nan if math.isnan(p) else 2.0 * min(p, 1.0 - p)
+
+
+def p_upper(e: Sequence[float]) -> float:
+    """One-sided one-sample t-test of ``e`` against 0, alternative: mean above 0; NaN as `p_value`."""
+    e = [float(x) for x in e]
+    if not _spread(e):
         return math.nan
-    mean = sum(d) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
-    return float(2.0 * special.stdtr(n - 1, -abs(mean) / sd * math.sqrt(n)))
+    n = len(e)
+    mean = sum(e) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in e) / (n - 1))
+    return float(special.stdtr(n - 1, -mean / sd * math.sqrt(n)))
 
 
-def _entry(state: str, look: int, n: int, p: float, level: float, alpha: float, d: Sequence[float]) -> dict[str, Any]:
-    effect = float(np.mean(d[:n])) if n else math.nan
-    direction = int(np.sign(effect)) if state == "decided" else 0
-    return {"state": state, "look": look, "n": n, "p": p, "level": level, "alpha": alpha, "effect": effect,
-            "direction": direction}
+SIGN_FLIP_EXACT = 16  # up to this many differences the sign-flip test enumerates every sign pattern
+SIGN_FLIP_DRAWS = 2 ** 16  # beyond: this many seeded random patterns (a valid permutation p, (1 + hits) / (1 + draws))
 
 
-def sequential_claims(diffs: Sequence[Sequence[float]], sizes: Sequence[int], alpha: float = 0.05
-                      ) -> list[dict[str, Any]]:
+@lru_cache(maxsize=64)
+def _signs(n: int) -> np.ndarray:
+    if n <= SIGN_FLIP_EXACT:
+        return 1.0 - 2.0 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)
+    return np.random.default_rng(T_SEED).choice([-1.0, 1.0], size=(SIGN_FLIP_DRAWS, n))
+
+
+def sign_flip_p(e: Sequence[float]) -> float:
+    """Exact one-sided sign-flip (paired permutation) p of the sum of ``e`` (alternative: above 0): the share of
+    sign patterns whose sum of ``±|e_i|`` reaches the observed one. Valid whenever each difference is symmetric
+    about 0 under the null, whatever its law; its smallest value is ``2^-n`` (`sign_flip_floor`). NaN for no
+    differences."""
+    e = np.asarray(e, dtype=float)
+    if not len(e):
+        return math.nan
+    sums = _signs(len(e)) @ np.abs(e)
+    hits = int((sums >= e.sum() - 1e-12 * max(1.0, float(np.abs(e).sum()))).sum())
+    return hits / len(sums) if len(e) <= SIGN_FLIP_EXACT else (1 + hits) / (1 + len(sums))
+
+
+def sign_flip_floor(n: int) -> float:
+    """The smallest one-sided sign-flip p over ``n`` differences, ``2^-n`` (``1 / (1 + draws)`` when drawn)."""
+    return 2.0 ** -n if n <= SIGN_FLIP_EXACT else 1.0 / (1 + SIGN_FLIP_DRAWS)
+
+
+def sign_flip_seeds(level: float) -> int:
+    """The fewest differences at which the one-sided sign-flip test can reach ``level`` (``2^-n <= level``)."""
+    return max(2, math.ceil(-math.log2(level) - 1e-12))
+
+
+# A claim's kind -> its one-sided tests, each ``(sign, shift)`` testing ``sign (d - shift margin) > 0`` on the
+# differences d = a - b; several tests are an intersection-union test (each must pass: TOST). "opposite": the
+# test that contradicts the claim, when the design pre-registers it.
+KINDS = {"higher": ((1, 0),), "lower": ((-1, 0),), "not_higher": ((-1, 1),), "equivalent": ((-1, 1), (1, -1))}
+OPPOSITE = {"higher": ((-1, 0),), "lower": ((1, 0),), "not_higher": ((1, 1),)}
+
+
+def _tests(kind: str, margin: float, opposite: bool) -> tuple[tuple[int, float], ...]:
+    table = OPPOSITE if opposite else KINDS
+    if kind not in table:
+        raise ValueError(f"kind {kind!r}: one of {sorted(table)}" + (" (a contradiction test)" if opposite else ""))
+    if kind in ("not_higher", "equivalent") and not (math.isfinite(margin) and margin > 0):
+        raise ValueError(f"kind {kind!r} needs a positive margin, not {margin!r}")
+    return tuple((sign, shift * margin) for sign, shift in table[kind])
+
+
+def hypothesis_test(d: Sequence[float], kind: str = "higher", margin: float = 0.0, opposite: bool = False
+                    ) -> dict[str, float]:
+    """One claim's test on its differences ``d``: ``p`` the one-sided t-test's p in the claim's direction (TOST:
+    the larger of the two), ``sign_flip_p`` the same test's exact sign-flip p, ``sign_flip_floor`` the smallest
+    sign-flip p these seeds allow; ``opposite``: the test that would contradict the claim."""
+    tests = _tests(kind, margin, opposite)
+    shifted = [[sign * (float(x) - shift) for x in d] for sign, shift in tests]
+    ps = [p_upper(e) for e in shifted]
+    return {"p": math.nan if any(math.isnan(p) for p in ps) else max(ps),
+            "sign_flip_p": max(sign_flip_p(e) for e in shifted) if len(d) else math.nan,
+            "sign_flip_floor": sign_flip_floor(len(d)) if len(d) else math.nan}
+
+
+def decides(test: dict[str, float], level: float) -> bool:
+    """The rule's decision at a nominal ``level``: the t-test's p reaches it and, where the sign-flip test could
+    reach it (``2^-n <= level``), the sign-flip p does too (a decision the sign-flip test could not check stands on
+    the t-test alone: parametric-only)."""
+    return test["p"] <= level and (test["sign_flip_p"] <= level or test["sign_flip_floor"] > level)
+
+
+def _entry(state: str, look: int, n: int, test: dict[str, float], level: float, alpha: float, d: Sequence[float],
+           direction: int = 0) -> dict[str, Any]:
+    return {"state": state, "look": look, "n": n, **test, "level": level, "alpha": alpha,
+            "effect": float(np.mean(d[:n])) if n else math.nan, "direction": direction,
+            "parametric_only": bool(direction and test["sign_flip_floor"] > level)}
+
+
+def sequential_claims(diffs: Sequence[Sequence[float]], sizes: Sequence[int] | None, alpha: float = 0.05,
+                      kinds: Sequence[str] | None = None, margins: Sequence[float] | None = None,
+                      contradict: Sequence[bool] | None = None) -> list[dict[str, Any]]:
     """Replay the looks ``sizes`` over each claim's paired differences ``a - b`` (seed order), with the graphical
-    Holm procedure over the claims. Per claim: ``state`` ``decided`` (rejected at ``look``, frozen there),
-    ``inconclusive`` (tested at the last look, not decided) or ``running`` (a look waits for seeds: it is
-    processed only when every undecided claim has ``sizes[k]`` differences); ``look`` (1-based; 0: none),
-    ``n``, ``p`` (two-sided paired t-test on the first ``n``; NaN: untestable, never decided), ``level``
-    (nominal level compared with), ``alpha`` (local level then), ``effect`` (mean of the first ``n``) and
-    ``direction`` (the decision's sign; 0 when undecided)."""
-    sizes = [int(s) for s in sizes]
-    if not sizes or sizes[0] < 2 or any(b <= a for a, b in zip(sizes, sizes[1:])):
-        raise ValueError(f"look sizes must increase from at least 2 seeds, not {sizes}")
+    Holm procedure over the claims' hypotheses (``sizes=None``: one look at each claim's own seeds, Holm's
+    procedure). Each claim's hypothesis is one-sided in its pre-registered direction (``kinds``: `KINDS`, default
+    ``higher``; ``not_higher`` / ``equivalent`` against ``margins``, TOST for ``equivalent``); a claim with
+    ``contradict`` adds the opposite test as a hypothesis of its own with its own share of ``alpha``. Every
+    hypothesis starts at ``alpha / (number of hypotheses)``; a decision passes the decided hypothesis's local
+    level on to the open hypotheses of other claims (a decided claim's other hypothesis keeps its own).
+
+    Per claim: ``state`` ``decided`` (at ``look``, frozen there), ``inconclusive`` (tested at the last look, not
+    decided) or ``running`` (a look waits for seeds: it is processed only when every undecided claim has its seeds);
+    ``look`` (1-based; 0: none), ``n``, ``p`` / ``sign_flip_p`` / ``sign_flip_floor`` (`hypothesis_test` of the claim
+    on the first ``n``; NaN: untestable, never decided), ``level`` (nominal level compared with), ``alpha`` (local
+    level then), ``effect`` (mean of the first ``n``), ``direction`` (1: decided as claimed, -1: contradicted, 0:
+    undecided), ``parametric_only`` (decided where the sign-flip test could not reach the level: `decides`)."""
+    m = len(diffs)
+    if sizes is not None:
+        sizes = [int(s) for s in sizes]
+        if not sizes or sizes[0] < 2 or any(b <= a for a, b in zip(sizes, sizes[1:])):
+            raise ValueError(f"look sizes must increase from at least 2 seeds, not {sizes}")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), not {alpha}")
-    m = len(diffs)
+    kinds = list(kinds or ["higher"] * m)
+    margins = list(margins or [0.0] * m)
+    contradict = list(contradict or [False] * m)
+    hyps = [(i, False) for i in range(m)] + [(i, True) for i in range(m) if contradict[i]]
+    for i, opposite in hyps:
+        _tests(kinds[i], margins[i], opposite)  # a bad kind or margin fails before any test
     if not m:
         return []
-    local = [alpha / m] * m
-    out = [_entry("running", 0, 0, math.nan, math.nan, a, d) for a, d in zip(local, diffs)]
-    for k, size in enumerate(sizes):
-        open_ = [i for i in range(m) if out[i]["state"] != "decided"]
-        if not open_ or any(len(diffs[i]) < size for i in open_):
+    local = [alpha / len(hyps)] * len(hyps)
+    blank = {"p": math.nan, "sign_flip_p": math.nan, "sign_flip_floor": math.nan}
+    out = [_entry("running", 0, 0, blank, math.nan, local[h], diffs[i]) for h, (i, _) in enumerate(hyps[:m])]
+    looks = sizes or [None]
+    for k, size in enumerate(looks):
+        open_ = [h for h, (i, _) in enumerate(hyps) if out[i]["state"] != "decided"]
+        n = {h: size or len(diffs[hyps[h][0]]) for h in open_}
+        if not open_ or any(len(diffs[hyps[h][0]]) < n[h] for h in open_):
             return out  # all decided, or waiting for seeds: undecided claims stay running
-        p = {i: p_value(diffs[i][:size]) for i in open_}
-        while True:
-            levels = {i: t_levels(sizes, local[i])[k] for i in open_}
-            hits = [i for i in open_ if p[i] <= levels[i]]
+        tests = {h: hypothesis_test(diffs[i][:n[h]], kinds[i], margins[i], opp) for h, (i, opp) in
+                 ((h, hyps[h]) for h in open_)}
+        levels: dict[int, float] = {}
+        while open_:
+            levels = {h: (t_levels(sizes, local[h])[k] if sizes else local[h]) for h in open_}
+            hits = [h for h in open_ if decides(tests[h], levels[h])]
             if not hits:
                 break
-            for i in hits:
-                out[i] = _entry("decided", k + 1, size, p[i], levels[i], local[i], diffs[i])
-            open_ = [i for i in open_ if i not in hits]
-            if not open_:
-                break
-            share = sum(local[i] for i in hits) / len(open_)
-            for i in open_:
-                local[i] += share
-        state = "inconclusive" if k == len(sizes) - 1 else "running"
-        for i in open_:
-            out[i] = _entry(state, k + 1, size, p[i], levels[i], local[i], diffs[i])
+            done = set()
+            for h in hits:
+                i, opp = hyps[h]
+                if i not in done:
+                    done.add(i)
+                    out[i] = _entry("decided", k + 1, n[h], tests[h], levels[h], local[h], diffs[i], -1 if opp else 1)
+            open_ = [h for h in open_ if hyps[h][0] not in done]
+            if open_:
+                share = sum(local[h] for h in hits) / len(open_)
+                for h in open_:
+                    local[h] += share
+        state = "inconclusive" if k == len(looks) - 1 else "running"
+        for h in open_:
+            i, opp = hyps[h]
+            if not opp:
+                out[i] = _entry(state, k + 1, n[h], tests[h], levels[h], local[h], diffs[i])
     return out
 
 
-def paired_power(effect: float, sd: float, n: int, alpha: float) -> float:
-    """Power of the two-sided paired t-test at level ``alpha`` over ``n`` seeds when the differences have mean
-    ``effect`` and SD ``sd`` (noncentral t, noncentrality ``effect sqrt(n) / sd``); NaN below 2 seeds."""
+def paired_power(effect: float, sd: float, n: int, alpha: float, sides: int = 2) -> float:
+    """Power of the paired t-test at level ``alpha`` over ``n`` seeds when the differences have mean ``effect`` and
+    SD ``sd`` (noncentral t, noncentrality ``effect sqrt(n) / sd``): two-sided (``sides=2``, either sign) or
+    one-sided (``sides=1``, the alternative: ``effect > 0``); NaN below 2 seeds."""
     if n < 2 or not (math.isfinite(effect) and math.isfinite(sd)) or sd < 0:
         return math.nan
     if sd == 0:
-        return 1.0 if effect != 0 else math.nan
-    df, nc = n - 1, abs(effect) * math.sqrt(n) / sd
-    crit = stats.t.isf(alpha / 2, df)
-    wrong_tail = float(stats.nct.cdf(-crit, df, nc))  # scipy gives NaN where it is below ~1e-13
+        return (1.0 if effect > 0 or (sides == 2 and effect != 0) else 0.0) if effect != 0 else math.nan
+    df, nc = n - 1, (abs(effect) if sides == 2 else effect) * math.sqrt(n) / sd
+    crit = stats.t.isf(alpha / sides, df)
+    wrong_tail = float(stats.nct.cdf(-crit, df, nc)) if sides == 2 else 0.0  # scipy: NaN where it is below ~1e-13
     return float(stats.nct.sf(crit, df, nc)) + (wrong_tail if math.isfinite(wrong_tail) else 0.0)
 
 
-def seeds_for_power(effect: float, sd: float, alpha: float, power: float = 0.8, max_n: int = 1000) -> int | None:
+def seeds_for_power(effect: float, sd: float, alpha: float, power: float = 0.8, max_n: int = 1000, sides: int = 2
+                    ) -> int | None:
     """The fewest seeds (>= 2) whose paired t-test reaches ``power`` (`paired_power`), by doubling then
-    bisection; None when ``effect`` is 0 or NaN, ``sd`` NaN, or more than ``max_n`` seeds would be needed."""
-    if not (math.isfinite(effect) and math.isfinite(sd)) or effect == 0 or sd < 0:
+    bisection; None when ``effect`` is 0 or NaN (one-sided: not above 0), ``sd`` NaN, or more than ``max_n`` seeds
+    would be needed."""
+    if not (math.isfinite(effect) and math.isfinite(sd)) or effect == 0 or sd < 0 or (sides == 1 and effect < 0):
         return None
     if sd == 0:
         return 2
-    enough = lambda n: paired_power(effect, sd, n, alpha) >= power  # noqa: E731
+    enough = lambda n: paired_power(effect, sd, n, alpha, sides) >= power  # noqa: E731
     low, high = 1, 2  # enough(low) is False (1 seed: no test)
     while not enough(high):
         if high >= max_n:
@@ -243,5 +354,6 @@ def seeds_for_power(effect: float, sd: float, alpha: float, power: float = 0.8, 
     return high
 
 
-__all__ = ["look_sizes", "nominal_levels", "p_value", "paired_power", "seeds_for_power", "sequential_claims",
+__all__ = ["KINDS", "OPPOSITE", "decides", "hypothesis_test", "look_sizes", "nominal_levels", "p_upper", "p_value",
+           "paired_power", "seeds_for_power", "sequential_claims", "sign_flip_floor", "sign_flip_p", "sign_flip_seeds",
            "spending", "t_levels"]
