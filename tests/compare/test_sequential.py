@@ -238,3 +238,27 @@ def test_one_sided_t_boundaries_spend_alpha_in_the_claimed_direction():
     one = t_levels(sizes, alpha, sides=1)
     assert abs((p_up <= np.array(one)).any(1).mean() - alpha) < 4 * math.sqrt(alpha / sims)
     assert (p_up >= 1 - np.array(one)).any(1).mean() == pytest.approx(alpha, abs=4 * math.sqrt(alpha / sims))
+
+
+def test_the_vectorised_rule_decides_as_the_rule():
+    """`vlkit.stats.simulate.simulate_claims` (the benchmark's and the dry run's) against `sequential_claims`, with
+    superiority, contradiction, non-superiority and TOST claims, at looks where the sign-flip test can veto."""
+    from vlkit.stats.simulate import final_seeds, simulate_claims
+
+    rng = np.random.default_rng(0)
+    kinds, margins = ["higher", "higher", "lower", "not_higher", "equivalent"], [0, 0, 0, 1.0, 1.0]
+    contradict = [False, True, False, True, False]
+    basis = set()
+    for sizes in ([3, 4, 5, 6], [5, 8, 10]):
+        d = rng.normal(rng.choice([0.0, 1.0, 2.5, -1.5], size=(60, 5, 1)), 1.0, size=(60, 5, sizes[-1]))
+        direction, look, parametric = simulate_claims(d, sizes, 0.05, kinds, margins, contradict)
+        for s in range(60):
+            ref = sequential_claims(d[s].tolist(), sizes, 0.05, kinds, margins, contradict)
+            assert [r["direction"] for r in ref] == direction[s].tolist()
+            assert [r["parametric_only"] for r in ref] == parametric[s].tolist()
+            assert [r["look"] - 1 for r in ref if r["direction"]] == look[s][direction[s] != 0].tolist()
+        assert 0 < (direction != 0).mean() < 1
+        basis |= set(parametric[direction != 0].tolist())
+    assert basis == {True, False}  # decisions on the t-test alone and checked by the sign-flip test
+    seeds = final_seeds(np.array([[0, 2], [1, 1]]), [5, 8, 10], [[0, 1], [1]], 3, 5)
+    assert seeds.tolist() == [[5, 10, 5], [8, 8, 5]]
