@@ -140,3 +140,41 @@ def test_a_resume_that_changes_a_safe_key_records_it_in_the_plan(tmp_path):
     changed = resolve_config(compose("compare", [*SETTINGS, "compare.budget.pretrain_steps=5"]))
     with pytest.raises(ValueError, match="compare.budget.pretrain_steps"):
         write_plan(changed, tmp_path, [], resume=True)
+
+
+def test_a_look_starts_only_within_the_budget(monkeypatch):
+    """compare.max_device_hours: spent so far (6 h) + the next look's seeds (c and d one seed each at 1 h per seed,
+    times 1.5: the finished units spent 1.5x their plan) = 9 h; a budget of 8.9 stops the looks, 9 lets one start."""
+    import vlkit.compare.looks as looks
+
+    noise = {"a": [0.9] * 3, "b": [0.1, 0.11, 0.09], "c": [0.5, 0.52, 0.47], "d": [0.5, 0.49, 0.52]}
+    monkeypatch.setattr(records_module, "finished_records", lambda c: fake_records(noise))
+    monkeypatch.setattr(records_module, "finished_results", lambda c: {})
+    monkeypatch.setattr(looks, "spent_plan", lambda c, results: None)
+    units = {"u1": {"state": "finished", "planned_hours": 2.0, "device_hours": 3.0},
+             "u2": {"state": "finished", "planned_hours": 2.0, "device_hours": 3.0},
+             "u3": {"state": "died", "planned_hours": 1.0, "device_hours": 0.5}}
+    monkeypatch.setattr(looks, "account", lambda c, plan: {"device_hours": 6.0, "units": units})
+    monkeypatch.setattr(looks, "seed_costs", lambda c, plan: {"seed_hours": {"a": 5.0, "b": 5.0, "c": 1.0, "d": 1.0}})
+    stopped = comparison(["compare.max_device_hours=8.9"])
+    assert not next_look(stopped) and stopped.run_seeds == {}
+    started = comparison(["compare.max_device_hours=9"])
+    assert next_look(started) and [len(started.seeds_of(i)) for i in range(4)] == [3, 3, 4, 4]
+    with pytest.raises(ValueError, match="compare.max_device_hours=-1"):
+        from vlkit.compare.preregistration import preregistration
+        preregistration(comparison(["compare.max_device_hours=-1"]).compare)
+
+
+def test_results_name_the_claims_the_budget_left_undecided_and_their_price():
+    from vlkit.compare.report import budget_section
+
+    claims = [{"claim": "c beats d", "a": "c", "b": "d", "verdict": "running"},
+              {"claim": "a beats b", "a": "a", "b": "b", "verdict": "reproduced"}]
+    records = fake_records({"a": [0.9] * 3, "b": [0.1] * 3, "c": [0.5] * 4, "d": [0.5] * 4})
+    account = {"device_hours": 8.5, "units": {"u": {"state": "finished", "planned_hours": 2.0, "device_hours": 3.0}}}
+    compare = {"max_device_hours": 9.0, "max_seeds": 6}
+    text = "\n".join(budget_section(compare, claims, records, account, {"device": "cpu", "seed_hours":
+                                                                          {"c": 1.0, "d": 0.5}}))
+    # c and d from 4 to 6 seeds: 2 x (1.0 + 0.5) x 1.5 = 4.5 cpu-hours
+    assert "left 1 claim(s) undecided: c beats d" in text and "up to 4.5 more cpu-hours" in text
+    assert budget_section({"max_device_hours": None}, claims, records, account, None) == []

@@ -1,7 +1,9 @@
 """The analysis a comparison pre-registers at its first session: the claims (each with its direction, kind, margin and
 contradiction test), ``compare.alpha``, ``compare.until``, ``compare.max_seeds``, ``compare.round_seeds``, the look
 schedule and ``compare.max_device_hours``, frozen in ``plan.json`` (``preregistered``). Changing any of them after a
-look voids the error guarantee (the spending and Holm's), so a resume that changes one is refused, naming it."""
+look voids the error guarantee (the spending and Holm's), so a resume that changes one is refused, naming it.
+The budget's prices (`spend_factor`, `seeds_cost`): the plan's device-hours per seed, corrected by what the finished
+units actually spent against what the plan gave them."""
 from __future__ import annotations
 
 import math
@@ -66,4 +68,20 @@ def check_preregistered(saved: dict[str, Any], compare: dict[str, Any], plan: An
                          "decided); resume with the pre-registered settings to go on")
 
 
-__all__ = ["PREREGISTERED", "alpha_of", "check_preregistered", "max_device_hours", "preregistration"]
+def spend_factor(account: dict[str, Any]) -> float:
+    """Device-hours the finished units spent over the plan's hours for them (`vlkit.compare.account.account`;
+    attempts that died included); 1 before any unit finished."""
+    done = [u for u in account["units"].values() if u["state"] == "finished" and u["planned_hours"]]
+    planned = sum(u["planned_hours"] for u in done)
+    return sum(u["device_hours"] for u in done) / planned if planned > 0 else 1.0
+
+
+def seeds_cost(seed_hours: dict[str, float], now: dict[str, int], target: dict[str, int], factor: float = 1.0
+               ) -> float:
+    """Device-hours of taking each run from ``now`` to ``target`` seeds at the plan's ``seed_hours`` per seed
+    (`vlkit.compare.plan.seed_costs`) times ``factor`` (`spend_factor`)."""
+    return factor * sum(max(0, n - now.get(run, 0)) * seed_hours[run] for run, n in target.items())
+
+
+__all__ = ["PREREGISTERED", "alpha_of", "check_preregistered", "max_device_hours", "preregistration", "seeds_cost",
+           "spend_factor"]

@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from vlkit.compare.claims import claim_runs, seeds_needed, verdicts
 from vlkit.compare.plots import plot_results
+from vlkit.compare.preregistration import max_device_hours, seeds_cost, spend_factor
 from vlkit.compare.statistics import (COSTS, HEADLINE, VQA_ANSWER_TYPES, baseline_key, chance_levels,
                                       detectable_effects, pairwise_tests, scratch_tests, summarize)
 from vlkit.runtime import GEMM_PROBE
@@ -196,6 +198,31 @@ def sign_flip_cell(rule: dict[str, Any]) -> str:
     return f"{_p(rule['sign_flip_p'])} ({_p(rule['sign_flip_floor'])}: {reach})"
 
 
+def budget_section(compare: dict[str, Any], claims: list[dict[str, Any]], records: list[dict[str, Any]],
+                   account: dict[str, Any], costs: dict[str, Any] | None) -> list[str]:
+    """results.md's lines on ``compare.max_device_hours``: what was spent against it, which claims it left undecided
+    and what deciding them (their runs to ``compare.max_seeds``) would cost, at the plan's hours per seed corrected by
+    what finished units spent (`vlkit.compare.preregistration.seeds_cost`)."""
+    budget = max_device_hours(compare)
+    if budget is None or not claims:
+        return []
+    spent = account["device_hours"]
+    left = [c for c in claims if c["verdict"] == "running"]
+    line = f"Budget: compare.max_device_hours={budget:g}; spent {spent:.3g} device-hours."
+    if not left:
+        return ["### Budget", "", line + " No claim was left undecided by it.", ""]
+    seeds = {r["run"]: len({x["seed"] for x in records if x["run"] == r["run"]}) for r in records}
+    runs = sorted({run for c in left for run in claim_runs(c)})
+    factor = spend_factor(account)
+    cost = seeds_cost(costs["seed_hours"], seeds, {run: compare["max_seeds"] for run in runs}, factor) \
+        if costs else float("nan")
+    return ["### Budget", "", line + f" It left {len(left)} claim(s) undecided: "
+            + "; ".join(c["claim"] for c in left) + f". Deciding them, every look up to compare.max_seeds="
+            f"{compare['max_seeds']} for their runs ({', '.join(runs)}), would cost up to {cost:.3g} more "
+            f"{(costs or {}).get('device', 'device')}-hours (the plan's hours per seed x {factor:.2f}, what finished "
+            "units spent over what the plan gave them).", ""]
+
+
 def verdict_line(c: dict[str, Any]) -> str:
     """One claim's verdict with its test, direction or margin, sign-flip p and basis (results.md's Verdicts)."""
     rule = c["rule"]
@@ -232,8 +259,6 @@ def analyse(records: list[dict[str, Any]], claims: list[dict[str, Any]] | None =
     """Everything the report shows, as data: summary rows, tests, chance levels, detectable effects, claims (by the
     group-sequential rule over the looks ``sizes`` when given, family-wise error ``alpha``), and the seeds each claim
     needs at the per-seed device-hours of each run in ``costs`` (``{"device": ..., "seed_hours": {run: hours}}``)."""
-    from vlkit.compare.claims import seeds_needed, verdicts
-
     rows = summarize(records)
     entries = verdicts(records, claims or [], sizes, alpha)
     metrics = [c for c in HEADLINE if any(c in r for r in rows)]
@@ -377,6 +402,7 @@ def write_outputs(output_dir: Path, cfg: dict[str, Any], records: list[dict[str,
                       "at the observed one, with the observed SD of the paired differences; in brackets their cost: "
                       f"the claim's two runs per seed on {plan['device']} at MFU {plan['mfu']:.1%} (`compare.plan`).",
                       "", seeds_table(result["seeds_needed"], plan["device"]), ""]
+        notes += budget_section(cfg["compare"], result["claims"], records, account, costs)
     notes += ["## Pre-training vs scratch", "",
               f"The same model fine-tuned after pre-training minus without it, paired by seed; `*`: Holm-corrected "
               f"p < {ALPHA} over this table.", "", tests_table(result["tests"]["vs_scratch"], metrics, "run"), "",
