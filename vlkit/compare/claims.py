@@ -18,7 +18,8 @@ decides. **contradicted** only for a claim that pre-registers ``contradict: true
 own share of ``alpha``. Otherwise a claim that is not decided is inconclusive, whatever the sign of its effect.
 Every decision needs the t-test and, where the sign-flip test could reach the level, the sign-flip test
 (`vlkit.stats.sequential.decides`). ``paper_effect`` (optional): the paper's own ``a - b`` in points, against which
-the report sizes the seeds a claim needs.
+the report sizes the seeds a claim needs; ``planning_sd`` (optional): the SD of the per-seed differences (points) the
+dry run of ``compare.until=decided`` assumes for its expected cost at the paper effects.
 
 Fixed comparisons test once, at the seeds both runs have, Holm over the claims' hypotheses; with
 ``compare.until=decided`` the group-sequential rule decides (`verdicts` with the looks): a claim is decided at the first
@@ -34,7 +35,8 @@ from vlkit.stats.sequential import KINDS, OPPOSITE, seeds_for_power, sequential_
 
 EXPECTATIONS = ("higher", "lower")
 CLAIM_KINDS = ("superiority", "not_higher", "equivalent")
-CLAIM_KEYS = {"claim", "a", "b", "metric", "expect", "kind", "margin", "contradict", "paper", "paper_effect"}
+CLAIM_KEYS = {"claim", "a", "b", "metric", "expect", "kind", "margin", "contradict", "paper", "paper_effect",
+              "planning_sd"}
 POINTS = 100.0  # records hold fractions; claims' paper effects and margins are in points
 
 
@@ -69,6 +71,9 @@ def check_claims(claims: list[dict[str, Any]], runs: list[str]) -> None:
         effect = c.get("paper_effect")
         if effect is not None and not _number(effect):
             raise ValueError(f"{where}: paper_effect={effect!r} is not a number (points, a - b)")
+        sd = c.get("planning_sd")
+        if sd is not None and not (_number(sd) and sd > 0):
+            raise ValueError(f"{where}: planning_sd={sd!r} is not a positive number (points)")
         kind = c.get("kind") or "superiority"
         if kind not in CLAIM_KINDS:
             raise ValueError(f"{where}: kind must be one of {CLAIM_KINDS}, not {kind!r}")
