@@ -190,3 +190,28 @@ def test_held_out_itm_accuracy_pairs_every_caption_with_its_image_and_another(tm
     assert itm_accuracy(Pre(Itm()), pairs, batch_size=4) == 1.0
     assert itm_accuracy(Pre(Itm(constant=0.9)), pairs, batch_size=5) == 0.5
     assert itm_accuracy(Pre(Itm()), pairs, limit=7) == 1.0
+
+
+def test_every_verdict_line_shows_its_test_direction_sign_flip_and_basis(tmp_path):
+    """results.md (claims table and Verdicts list), results.json and the text compare-report prints: the test, its
+    direction or margin, the per-seed differences, the sign-flip p with its floor, and parametric-only decisions."""
+    recs = records({("x", "pretrained"): 0.06, ("x", "scratch"): 0.0, ("z", "pretrained"): 0.0})
+    claims = [{"claim": "x beats its scratch", "a": "x", "b": "x/scratch", "metric": "vqa", "expect": "higher"},
+              {"claim": "z does not beat x", "a": "z", "b": "x", "metric": "vqa", "kind": "not_higher", "margin": 1.0}]
+    cfg = {"compare": {"title": "t", "seeds": [0, 1, 2, 3, 4], "budget": {"pretrain_steps": 1}, "claims": claims},
+           "data": {"name": "d"}}
+    account = {"sessions": [], "wall_s": 1.0, "unit_s": 1.0, "wasted_unit_s": 0.0, "attempts": 1, "died": 0,
+               "failed": 0, "device_hours": 1 / 3600, "wasted_device_hours": 0.0, "mfu": None, "units": {},
+               "plan": {"device": "cpu", "mfu": 0.3, "mfu_source": "s", "flops": 1e9, "device_hours": 0.001}}
+    printed = write_outputs(tmp_path, cfg, recs, {"data_hash": "0" * 12}, {}, account)
+    md = (tmp_path / "results.md").read_text()
+    for text in (md, printed):
+        assert "| one-sided paired t: a > b |" in text and "| one-sided paired t: a < b + 1 |" in text
+        assert "0.031 (0.031: cannot reach the level)" in text  # 5 seeds: 2^-5 against 0.05 / 2
+        assert "**reproduced** (decided under normality)" in text and "sign-flip p (smallest possible)" in text
+    assert ("- Claim: x beats its scratch: **reproduced** (one-sided paired t, a > b; p " in md
+            and "decided under normality: parametric-only)" in md)
+    data = json.loads((tmp_path / "results.json").read_text())
+    first = data["claims"][0]
+    assert first["test"] == "one-sided paired t" and first["direction"] == "a > b" and len(first["differences"]) == 5
+    assert first["rule"]["sign_flip_p"] == 1 / 32 and first["rule"]["parametric_only"] is True

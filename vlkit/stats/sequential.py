@@ -1,23 +1,29 @@
 """Seeds until decided: a group-sequential rule that adds seeds to a comparison until each claim is decided,
-keeping the family-wise error over the claims at ``alpha`` (pure numpy / scipy).
+keeping the family-wise error over the claims at ``alpha`` where its assumptions hold (pure numpy / scipy;
+docs/compare-sequential.md says where they do not).
 
 * Looks after ``n_1 < n_2 < ... < n_K`` seeds (`look_sizes`), information fraction ``t_k = n_k / n_K``.
-* Per claim, a two-sided group-sequential test with Lan-DeMets O'Brien-Fleming-type alpha spending
-  ``alpha(t) = 2 - 2 Phi(z_{1-a/2} / sqrt(t))`` (spends exactly ``a``, two-sided, at ``t = 1``; Lan & DeMets
-  1983, Biometrika 70:659-663; O'Brien & Fleming 1979, Biometrics 35:549-556). The z-boundaries follow from
-  the joint law of the z statistics (normal, ``corr = sqrt(t_j / t_k)``), computed by numerical integration
-  (Armitage, McPherson & Rowe 1969; `nominal_levels`). The paired t-test at 2-5 degrees of freedom is not
-  normal: applying those levels to its p-value (Jennison & Turnbull 2000, ch. 11, "significance level approach")
-  spends 5.6% over 11 null claims at looks 3, 4, 5, 6 (benchmarks/sequential_claims.py). The rule therefore uses
-  exact t boundaries (Jennison & Turnbull 1991, Biometrika 78:133-141; `t_levels`): each look's boundary on |t|
-  spends what the spending function allots under the t statistics' own joint null law (a seeded Monte Carlo).
+* Per claim, a one-sided group-sequential test in the claim's pre-registered direction (`KINDS`: ``higher``,
+  ``lower``; ``not_higher``: non-superiority against a margin; ``equivalent``: two one-sided tests, TOST, Schuirmann
+  1987, J Pharmacokinet Biopharm 15:657-680, an intersection-union test, Berger 1982, Technometrics 24:295-300), with
+  Lan-DeMets O'Brien-Fleming-type alpha spending ``alpha(t) = 2 - 2 Phi(z_{1-a/2} / sqrt(t))`` (spends exactly
+  ``a`` at ``t = 1``; Lan & DeMets 1983, Biometrika 70:659-663; O'Brien & Fleming 1979, Biometrics 35:549-556).
+  The z-boundaries follow from the joint law of the z statistics (`nominal_levels`, two-sided, by numerical
+  integration; Armitage, McPherson & Rowe 1969); applied to the paired t-test at 2-5 degrees of freedom they spend
+  more than ``a`` (Jennison & Turnbull 2000, ch. 11; tests/compare/test_sequential.py), so the rule uses exact t
+  boundaries (Jennison & Turnbull 1991, Biometrika 78:133-141; `t_levels`): each look's boundary on t spends what
+  the spending function allots under the t statistics' own joint null law (a seeded Monte Carlo).
+* The sign-flip check (`decides`): where the exact sign-flip (paired permutation) test can reach a look's level
+  (``2^-n <= level``), a decision needs its p at the level too; it is exact whenever the differences are symmetric
+  about the null value, whatever their law. A decision below that is parametric-only (the t-test alone).
 * Across claims, the graphical Holm procedure for group-sequential designs (Maurer & Bretz 2013, Statistics in
-  Biopharmaceutical Research 5(4):311-320): each claim starts at local level ``alpha / m``; at each look every
-  undecided claim whose p is at most its nominal level (at its local level) is decided, its local level is
-  split equally among the claims still undecided, and those are retested at the same look until none is
-  decided (`sequential_claims`). With one look this is Holm's procedure (Holm 1979, Scand J Stat 6:65-70).
-* "Seeds needed": the power of the two-sided paired t-test from the noncentral t (`paired_power`,
-  `seeds_for_power`).
+  Biopharmaceutical Research 5(4):311-320): each hypothesis starts at local level ``alpha / H``; at each look every
+  open hypothesis that `decides` at its nominal level is decided, its local level is split equally among the open
+  hypotheses, and those are retested at the same look until none is decided (`sequential_claims`). A claim's
+  pre-registered contradiction test (``contradict``) is a hypothesis of its own; when either of a claim's two is
+  decided, the other closes and keeps its level. With one look this is Holm's procedure (Holm 1979, Scand J Stat
+  6:65-70).
+* "Seeds needed": the power of the paired t-test from the noncentral t (`paired_power`, `seeds_for_power`).
 """
 from __future__ import annotations
 
@@ -132,14 +138,31 @@ def t_levels(sizes: Sequence[int], alpha: float, sides: int = 1) -> list[float]:
     return [float(alpha)] if len(key) == 1 else list(_t_levels(key, round(float(alpha), 15), sides))
 
 
-@lru_cache(maxsize=4096)
-def _t_levels(sizes: tuple[int, ...], alpha: float, sides: int) -> tuple[float, ...]:
+TAIL_ALPHA = 0.05  # levels up to this total are placed on the paths that could cross at it (`_tail_t`)
+
+
+@lru_cache(maxsize=16)
+def _tail_t(sizes: tuple[int, ...], sides: int) -> np.ndarray:
+    """The null paths of `_null_t` (``|t|`` when two-sided) that could cross a boundary of a total level up to
+    `TAIL_ALPHA`: a boundary at look k is at least the ``TAIL_ALPHA * T_PATHS``-th largest value there (no more paths
+    than that cross in all), so paths below it at every look never cross, nor change which boundary is placed."""
     t = _null_t(sizes)
     t = np.abs(t) if sides == 2 else t
+    top = int(TAIL_ALPHA * len(t))
+    floor = np.partition(t, len(t) - top, axis=0)[len(t) - top]
+    return t[(t >= floor).any(1)]
+
+
+@lru_cache(maxsize=4096)
+def _t_levels(sizes: tuple[int, ...], alpha: float, sides: int) -> tuple[float, ...]:
+    if alpha <= TAIL_ALPHA:
+        t = _tail_t(sizes, sides)
+    else:
+        t = np.abs(_null_t(sizes)) if sides == 2 else _null_t(sizes)
     alive = np.ones(len(t), dtype=bool)
     crossed, levels = 0, []
     for k, n in enumerate(sizes):
-        due = int(round(spending(n / sizes[-1], alpha) * len(t))) - crossed  # paths this look may reject
+        due = int(round(spending(n / sizes[-1], alpha) * T_PATHS)) - crossed  # paths this look may reject
         if due < 1:
             levels.append(0.0)
             continue
