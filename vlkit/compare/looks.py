@@ -114,7 +114,10 @@ def looks_plan(comparison: Comparison, plan: Any) -> list[str]:
              f"The exact sign-flip test can check a decision from {check} seeds on (2^-n <= alpha / {hypotheses}); below "
              "that a decision stands on the t-test alone (parametric-only, reported as decided under normality)"
              + (f": with compare.max_seeds={compare['max_seeds']} every decision would be parametric-only unless alpha "
-                "is recycled to it." if compare["max_seeds"] < check else ".")]
+                "is recycled to it." if compare["max_seeds"] < check else ".")
+             + " The family-wise error is controlled for symmetric differences and for skew in a claim's direction, "
+             "not for equal-mean differences skewed against it (a take-off only b can have) at any seeds measured "
+             "(docs/compare-sequential.md)."]
     budget = max_device_hours(compare)
     if budget is not None:
         fits = [n for n, h in zip(sizes, most) if h <= budget]
