@@ -175,10 +175,6 @@ def _t_levels(sizes: tuple[int, ...], alpha: float, sides: int) -> tuple[float, 
     return tuple(levels)
 
 
-def _spread(d: Sequence[float]) -> bool:
-    return len(d) >= 2 and not all(math.isclose(x, d[0], rel_tol=1e-9, abs_tol=1e-12) for x in d)
-
-
 def p_value(d: Sequence[float]) -> float:
     """Two-sided one-sample t-test of the differences ``d`` against 0 (= `vlkit.stats.paired.paired_p_value`): NaN
     with fewer than 2 differences or none with spread, rounding aside."""
@@ -186,39 +182,58 @@ def p_value(d: Sequence[float]) -> float:
     return math.nan if math.isnan(p) else 2.0 * min(p, 1.0 - p)
 
 
+def upper_p(e: np.ndarray) -> np.ndarray:
+    """One-sided one-sample t-test of each row of ``e`` [..., n] against 0, alternative: mean above 0; NaN for a row
+    with fewer than 2 values or none with spread, rounding aside (all within ``1e-9`` relative, ``1e-12`` absolute, of
+    the first: the t statistic is undefined there, not infinitely sure)."""
+    e = np.asarray(e, dtype=float)
+    n = e.shape[-1]
+    if n < 2:
+        return np.full(e.shape[:-1], np.nan)
+    first = e[..., :1]
+    flat = (np.abs(e - first) <= np.maximum(1e-9 * np.maximum(np.abs(e), np.abs(first)), 1e-12)).all(-1)
+    mean = e.mean(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = special.stdtr(n - 1, -mean / e.std(-1, ddof=1) * math.sqrt(n))
+    return np.where(flat, np.nan, p)
+
+
 def p_upper(e: Sequence[float]) -> float:
-    """One-sided one-sample t-test of ``e`` against 0, alternative: mean above 0; NaN as `p_value`."""
-    e = [float(x) for x in e]
-    if not _spread(e):
-        return math.nan
-    n = len(e)
-    mean = sum(e) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in e) / (n - 1))
-    return float(special.stdtr(n - 1, -mean / sd * math.sqrt(n)))
+    """`upper_p` of one sequence of differences."""
+    return float(upper_p(np.asarray(e, dtype=float)[None])[0])
 
 
 SIGN_FLIP_EXACT = 16  # up to this many differences the sign-flip test enumerates every sign pattern
 SIGN_FLIP_DRAWS = 2 ** 16  # beyond: this many seeded random patterns (a valid permutation p, (1 + hits) / (1 + draws))
+SIGN_FLIP_BLOCK = 2 ** 22  # rows x patterns summed at once
 
 
 @lru_cache(maxsize=64)
-def _signs(n: int) -> np.ndarray:
+def sign_patterns(n: int) -> np.ndarray:
+    """The sign patterns of the sign-flip test over ``n`` differences: all ``2^n``, or `SIGN_FLIP_DRAWS` seeded ones."""
     if n <= SIGN_FLIP_EXACT:
         return 1.0 - 2.0 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)
     return np.random.default_rng(T_SEED).choice([-1.0, 1.0], size=(SIGN_FLIP_DRAWS, n))
 
 
-def sign_flip_p(e: Sequence[float]) -> float:
-    """Exact one-sided sign-flip (paired permutation) p of the sum of ``e`` (alternative: above 0): the share of
-    sign patterns whose sum of ``±|e_i|`` reaches the observed one. Valid whenever each difference is symmetric
-    about 0 under the null, whatever its law; its smallest value is ``2^-n`` (`sign_flip_floor`). NaN for no
-    differences."""
+def sign_flip_ps(e: np.ndarray) -> np.ndarray:
+    """Exact one-sided sign-flip (paired permutation) p of the sum of each row of ``e`` [rows, n] (alternative: above
+    0): the share of sign patterns whose sum of ``±|e_i|`` reaches the observed one. Valid whenever each difference
+    is symmetric about 0 under the null, whatever its law; its smallest value is ``2^-n`` (`sign_flip_floor`)."""
     e = np.asarray(e, dtype=float)
-    if not len(e):
-        return math.nan
-    sums = _signs(len(e)) @ np.abs(e)
-    hits = int((sums >= e.sum() - 1e-12 * max(1.0, float(np.abs(e).sum()))).sum())
-    return hits / len(sums) if len(e) <= SIGN_FLIP_EXACT else (1 + hits) / (1 + len(sums))
+    signs = sign_patterns(e.shape[-1])
+    hits = np.empty(len(e))
+    step = max(1, SIGN_FLIP_BLOCK // len(signs))
+    for i in range(0, len(e), step):
+        block = e[i:i + step]
+        reach = block.sum(-1, keepdims=True) - 1e-12 * np.maximum(1.0, np.abs(block).sum(-1, keepdims=True))
+        hits[i:i + step] = (np.abs(block) @ signs.T >= reach).sum(-1)
+    return hits / len(signs) if e.shape[-1] <= SIGN_FLIP_EXACT else (1 + hits) / (1 + len(signs))
+
+
+def sign_flip_p(e: Sequence[float]) -> float:
+    """`sign_flip_ps` of one sequence of differences; NaN for none."""
+    return float(sign_flip_ps(np.asarray(e, dtype=float)[None])[0]) if len(e) else math.nan
 
 
 def sign_flip_floor(n: int) -> float:
@@ -238,7 +253,7 @@ KINDS = {"higher": ((1, 0),), "lower": ((-1, 0),), "not_higher": ((-1, 1),), "eq
 OPPOSITE = {"higher": ((-1, 0),), "lower": ((1, 0),), "not_higher": ((1, 1),)}
 
 
-def _tests(kind: str, margin: float, opposite: bool) -> tuple[tuple[int, float], ...]:
+def one_sided_tests(kind: str, margin: float, opposite: bool) -> tuple[tuple[int, float], ...]:
     table = OPPOSITE if opposite else KINDS
     if kind not in table:
         raise ValueError(f"kind {kind!r}: one of {sorted(table)}" + (" (a contradiction test)" if opposite else ""))
@@ -252,7 +267,7 @@ def hypothesis_test(d: Sequence[float], kind: str = "higher", margin: float = 0.
     """One claim's test on its differences ``d``: ``p`` the one-sided t-test's p in the claim's direction (TOST:
     the larger of the two), ``sign_flip_p`` the same test's exact sign-flip p, ``sign_flip_floor`` the smallest
     sign-flip p these seeds allow; ``opposite``: the test that would contradict the claim."""
-    tests = _tests(kind, margin, opposite)
+    tests = one_sided_tests(kind, margin, opposite)
     shifted = [[sign * (float(x) - shift) for x in d] for sign, shift in tests]
     ps = [p_upper(e) for e in shifted]
     return {"p": math.nan if any(math.isnan(p) for p in ps) else max(ps),
@@ -303,7 +318,7 @@ def sequential_claims(diffs: Sequence[Sequence[float]], sizes: Sequence[int] | N
     contradict = list(contradict or [False] * m)
     hyps = [(i, False) for i in range(m)] + [(i, True) for i in range(m) if contradict[i]]
     for i, opposite in hyps:
-        _tests(kinds[i], margins[i], opposite)  # a bad kind or margin fails before any test
+        one_sided_tests(kinds[i], margins[i], opposite)  # a bad kind or margin fails before any test
     if not m:
         return []
     local = [alpha / len(hyps)] * len(hyps)
@@ -377,6 +392,6 @@ def seeds_for_power(effect: float, sd: float, alpha: float, power: float = 0.8, 
     return high
 
 
-__all__ = ["KINDS", "OPPOSITE", "decides", "hypothesis_test", "look_sizes", "nominal_levels", "p_upper", "p_value",
-           "paired_power", "seeds_for_power", "sequential_claims", "sign_flip_floor", "sign_flip_p", "sign_flip_seeds",
-           "spending", "t_levels"]
+__all__ = ["KINDS", "OPPOSITE", "decides", "hypothesis_test", "look_sizes", "nominal_levels", "one_sided_tests",
+           "p_upper", "p_value", "paired_power", "seeds_for_power", "sequential_claims", "sign_flip_floor",
+           "sign_flip_p", "sign_flip_ps", "sign_flip_seeds", "sign_patterns", "spending", "t_levels", "upper_p"]

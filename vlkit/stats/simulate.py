@@ -7,30 +7,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-from scipy import special
 
-from vlkit.stats.sequential import KINDS, OPPOSITE, _signs, _tests, sign_flip_floor, t_levels
-
-
-def _p_upper(e: np.ndarray) -> np.ndarray:
-    """One-sided t p (mean above 0) over the last axis; NaN without spread."""
-    n = e.shape[-1]
-    mean = e.mean(-1)
-    sd = e.std(-1, ddof=1)
-    spread = sd > 1e-12 * np.maximum(1.0, np.abs(mean))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        p = special.stdtr(n - 1, -mean / sd * np.sqrt(n))
-    return np.where(spread, p, np.nan)
-
-
-def _sign_flip(e: np.ndarray) -> np.ndarray:
-    """Exact one-sided sign-flip p of each row of ``e`` [rows, n] (as `vlkit.stats.sequential.sign_flip_p`)."""
-    n = e.shape[-1]
-    signs = _signs(n)
-    sums = np.abs(e) @ signs.T  # [rows, patterns]
-    observed = e.sum(-1, keepdims=True) - 1e-12 * np.maximum(1.0, np.abs(e).sum(-1, keepdims=True))
-    hits = (sums >= observed).sum(-1)
-    return hits / len(signs) if n <= 16 else (1 + hits) / (1 + len(signs))
+from vlkit.stats.sequential import one_sided_tests, sign_flip_floor, sign_flip_ps, t_levels, upper_p
 
 
 def simulate_claims(diffs: np.ndarray, sizes: Sequence[int], alpha: float = 0.05,
@@ -50,7 +28,7 @@ def simulate_claims(diffs: np.ndarray, sizes: Sequence[int], alpha: float = 0.05
     margins = list(margins or [0.0] * m)
     contradict = list(contradict or [False] * m)
     hyps = [(i, False) for i in range(m)] + [(i, True) for i in range(m) if contradict[i]]
-    tests = [_tests(kinds[i], margins[i], opp) for i, opp in hyps]
+    tests = [one_sided_tests(kinds[i], margins[i], opp) for i, opp in hyps]
     owner = np.array([i for i, _ in hyps])
     against = np.array([opp for _, opp in hyps])
     n_h = len(hyps)
@@ -62,7 +40,7 @@ def simulate_claims(diffs: np.ndarray, sizes: Sequence[int], alpha: float = 0.05
     levels_of: dict[float, list[float]] = {}
     for k, n in enumerate(sizes):
         shifted = [[sign * (diffs[:, i, :n] - shift) for sign, shift in tests[h]] for h, (i, _) in enumerate(hyps)]
-        p = np.stack([np.max(np.stack([_p_upper(e) for e in es]), 0) for es in shifted], 1)  # [sims, H]
+        p = np.stack([np.max(np.stack([upper_p(e) for e in es]), 0) for es in shifted], 1)  # [sims, H]
         p = np.where(np.isnan(p), np.inf, p)
         sf = np.full((sims, n_h), np.nan)
         floor = sign_flip_floor(n)
@@ -79,7 +57,7 @@ def simulate_claims(diffs: np.ndarray, sizes: Sequence[int], alpha: float = 0.05
             todo = check & np.isnan(sf)
             for h in np.flatnonzero(todo.any(0)):
                 rows = np.flatnonzero(todo[:, h])
-                sf[rows, h] = np.max(np.stack([_sign_flip(e[rows]) for e in shifted[h]]), 0)
+                sf[rows, h] = np.max(np.stack([sign_flip_ps(e[rows]) for e in shifted[h]]), 0)
             hits = cand & (~check | (sf <= level[:, None]))
             if not hits.any():
                 break
@@ -112,4 +90,4 @@ def final_seeds(look: np.ndarray, sizes: Sequence[int], claim_runs: Sequence[Seq
     return out
 
 
-__all__ = ["KINDS", "OPPOSITE", "final_seeds", "simulate_claims"]
+__all__ = ["final_seeds", "simulate_claims"]
