@@ -48,7 +48,8 @@ def test_look_sizes():
     assert look_sizes(3, 6, 3) == [3, 6]
     assert look_sizes(3, 6, 10) == [3, 6]
     assert look_sizes(6, 6, 1) == [6] and look_sizes(8, 6, 1) == [6]
-    for args, word in (((1, 6, 1), "initial"), ((3, 6, 0), "round_seeds"), ((3, 1, 1), "max_seeds")):
+    for args, word in (((1, 6, 1), "initial"), ((3, 6, 0), "round_seeds"), ((3, 1, 1), "max_seeds"),
+                       ((3, 100_000, 1), "max_seeds must be 2 to 100, not 100000")):
         with pytest.raises(ValueError, match=word):
             look_sizes(*args)
 

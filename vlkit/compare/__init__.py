@@ -27,8 +27,8 @@ Modules, by role:
 - the command: `command` (`vlkit compare`, `vlkit compare-report`, the plan file), `records` (what finished
   units give), `report`, `plots` and `manifest` (outputs), `account` (what it spent, across every session);
 - the cost plan and the statistics: `estimate` (dry run), `plan`, `flops` and `devices` (the FLOP plan),
-  `statistics` and `claims` (tables, verdicts; the tests themselves and the rule that adds seeds until claims
-are decided are `vlkit.stats`).
+  `statistics` and `claims` (tables, verdicts), `preregistration` (the analysis frozen at the first session) and
+  `looks` (seeds until decided); the tests themselves and the rule are `vlkit.stats`.
 """
 
 from __future__ import annotations

@@ -211,10 +211,13 @@ def budget_section(compare: dict[str, Any], claims: list[dict[str, Any]], record
     line = f"Budget: compare.max_device_hours={budget:g}; spent {spent:.3g} device-hours."
     if not left:
         return ["### Budget", "", line + " No claim was left undecided by it.", ""]
-    seeds = {r["run"]: len({x["seed"] for x in records if x["run"] == r["run"]}) for r in records}
+    seeds: dict[str, set[int]] = {}
+    for r in records:
+        seeds.setdefault(r["run"], set()).add(r["seed"])
     runs = sorted({run for c in left for run in claim_runs(c)})
     factor = spend_factor(account)
-    cost = seeds_cost(costs["seed_hours"], seeds, {run: compare["max_seeds"] for run in runs}, factor) \
+    now = {run: len(s) for run, s in seeds.items()}
+    cost = seeds_cost(costs["seed_hours"], now, {run: compare["max_seeds"] for run in runs}, factor) \
         if costs else float("nan")
     return ["### Budget", "", line + f" It left {len(left)} claim(s) undecided: "
             + "; ".join(c["claim"] for c in left) + f". Deciding them, every look up to compare.max_seeds="

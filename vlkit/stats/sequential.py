@@ -35,13 +35,17 @@ import numpy as np
 from scipy import optimize, special, stats
 
 
+MAX_SEEDS = 100  # the most seeds a sequential design may look at
+
+
 def look_sizes(initial: int, max_seeds: int, round_seeds: int) -> list[int]:
     """Seeds at each look: ``initial``, then ``round_seeds`` more a look, the last clipped to ``max_seeds``
     (3, 6, 1 -> [3, 4, 5, 6]; 3, 6, 2 -> [3, 5, 6]; ``initial >= max_seeds`` -> [max_seeds])."""
     if initial < 2:
         raise ValueError(f"initial seeds must be at least 2 (a paired t-test needs 2 differences), not {initial}")
-    if max_seeds < 2:
-        raise ValueError(f"max_seeds must be at least 2, not {max_seeds}")
+    if not 2 <= max_seeds <= MAX_SEEDS:
+        raise ValueError(f"max_seeds must be 2 to {MAX_SEEDS}, not {max_seeds} (the exact t boundaries are placed on "
+                         f"{T_PATHS:,} simulated null sequences of that many seeds)")
     if round_seeds < 1:
         raise ValueError(f"round_seeds (seeds added per look) must be at least 1, not {round_seeds}")
     if initial >= max_seeds:
@@ -112,13 +116,18 @@ T_SEED = 20261205  # its fixed seed: the boundaries, and so every decision, are 
 @lru_cache(maxsize=8)
 def _null_t(sizes: tuple[int, ...]) -> np.ndarray:
     """The one-sample t statistic after each look's seeds, over `T_PATHS` sequences of standard normal differences
-    (the null; t does not depend on the SD): [paths, looks]."""
-    d = np.random.default_rng(T_SEED).standard_normal((T_PATHS, sizes[-1]))
+    (the null; t does not depend on the SD): [paths, looks], drawn in blocks of paths (the same draws as one array)."""
+    rng = np.random.default_rng(T_SEED)
     idx = np.array(sizes) - 1
     n = np.array(sizes, dtype=float)
-    mean = np.cumsum(d, 1)[:, idx] / n
-    var = (np.cumsum(d * d, 1)[:, idx] - n * mean * mean) / (n - 1)
-    return mean / np.sqrt(var / n)
+    out = np.empty((T_PATHS, len(sizes)))
+    block = 2 ** 16
+    for start in range(0, T_PATHS, block):
+        d = rng.standard_normal((block, sizes[-1]))
+        mean = np.cumsum(d, 1)[:, idx] / n
+        var = (np.cumsum(d * d, 1)[:, idx] - n * mean * mean) / (n - 1)
+        out[start:start + block] = mean / np.sqrt(var / n)
+    return out
 
 
 def t_levels(sizes: Sequence[int], alpha: float, sides: int = 1) -> list[float]:
