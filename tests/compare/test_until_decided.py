@@ -137,6 +137,9 @@ def test_a_resume_that_changes_a_safe_key_records_it_in_the_plan(tmp_path):
                resume=True)
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["config"]["compare"]["retries"] == 2 and plan["argv"] == ["compare.retries=2"]
+    described = [x for x in SETTINGS if not x.startswith("+compare.claims")] + [
+        "+compare.claims=" + CLAIMS.replace("paper_effect: 1.0", "paper_effect: 2.0, paper: Table 1, planning_sd: 1.0")]
+    write_plan(resolve_config(compose("compare", described)), tmp_path, [], resume=True)  # describes, tests nothing
     changed = resolve_config(compose("compare", [*SETTINGS, "compare.budget.pretrain_steps=5"]))
     with pytest.raises(ValueError, match="compare.budget.pretrain_steps"):
         write_plan(changed, tmp_path, [], resume=True)
