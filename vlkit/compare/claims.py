@@ -193,4 +193,4 @@ def seeds_needed(entries: list[dict[str, Any]], seed_hours: dict[str, float], al
 
 
 __all__ = ["CLAIM_KINDS", "EXPECTATIONS", "check_claims", "claim_effect", "claim_runs", "claim_values", "direction",
-           "seeds_needed", "kind_of", "test_of", "verdicts"]
+           "kind_of", "seeds_needed", "test_of", "verdicts"]
