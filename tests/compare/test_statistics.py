@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from vlkit.compare.claims import check_claims, evaluate_claims
+from vlkit.compare.claims import check_claims, verdicts
 from vlkit.compare.report import analyse, write_outputs
-from vlkit.compare.statistics import (chance_levels, holm, mean_ci, min_detectable_effect, paired_p_value,
-                                      pairwise_tests, scratch_tests)
+from vlkit.compare.statistics import chance_levels, pairwise_tests, scratch_tests
+from vlkit.stats.paired import holm, mean_ci, min_detectable_effect, paired_p_value
 
 
 def records(effects: dict[tuple[str, str], float], seeds=(0, 1, 2, 3, 4), noise=0.01, seed=0, chance=True):
@@ -84,20 +84,31 @@ def test_scratch_and_pairwise_tests_find_the_planted_effects():
 
 
 def test_claims_get_verdicts():
+    """One-sided tests in the claims' directions (Holm over them, fixed design at 5 seeds): a claim the wrong way is
+    inconclusive unless its contradiction test is pre-registered; a claim of no gain is decided by non-superiority."""
     recs = records({("x", "pretrained"): 0.06, ("x", "scratch"): 0.0, ("y", "pretrained"): 0.0,
                     ("z", "pretrained"): 0.061})
     claims = [{"claim": "x beats its scratch", "a": "x", "b": "x/scratch", "metric": "vqa", "expect": "higher"},
               {"claim": "y beats x", "a": "y", "b": "x", "metric": "vqa", "expect": "higher"},
-              {"claim": "z does not beat x", "a": "z", "b": "x", "metric": "vqa", "expect": "not_higher"},
-              {"claim": "y does not beat x", "a": "y", "b": "x", "metric": "vqa", "expect": "not_higher"}]
+              {"claim": "y beats x (contradiction pre-registered)", "a": "y", "b": "x", "metric": "vqa",
+               "expect": "higher", "contradict": True},
+              {"claim": "z does not beat x", "a": "z", "b": "x", "metric": "vqa", "kind": "not_higher", "margin": 1.0},
+              {"claim": "y does not beat x", "a": "y", "b": "x", "metric": "vqa", "kind": "not_higher", "margin": 1.0}]
     check_claims(claims, ["x", "y", "z"])
-    verdicts = {c["claim"]: c["verdict"] for c in evaluate_claims(recs, claims)}
-    assert verdicts == {"x beats its scratch": "reproduced", "y beats x": "contradicted",
-                        "z does not beat x": "inconclusive", "y does not beat x": "reproduced"}
-    with pytest.raises(KeyError, match="not a run"):
-        check_claims([{**claims[0], "a": "w"}], ["x", "y", "z"])
-    with pytest.raises(ValueError, match="expect"):
-        check_claims([{**claims[0], "expect": "maybe"}], ["x", "y", "z"])
+    entries = {c["claim"]: c for c in verdicts(recs, claims)}
+    assert {k: e["verdict"] for k, e in entries.items()} == {
+        "x beats its scratch": "reproduced", "y beats x": "inconclusive",
+        "y beats x (contradiction pre-registered)": "contradicted",
+        "z does not beat x": "inconclusive", "y does not beat x": "reproduced"}
+    first = entries["x beats its scratch"]
+    assert first["test"] == "one-sided paired t" and first["direction"] == "a > b" and len(first["differences"]) == 5
+    assert entries["y does not beat x"]["direction"] == "a < b + 1" and first["rule"]["sign_flip_p"] == 1 / 32
+    for bad, word in (({"a": "w"}, "not a run"), ({"expect": "maybe"}, "expect"),
+                      ({"expect": "not_higher"}, "kind: not_higher with a margin"), ({"margin": 1.0}, "margin"),
+                      ({"expect": None, "kind": "equivalent"}, "margin"), ({"kind": "no_worse"}, "kind")):
+        claim = {k: v for k, v in {**claims[0], **bad}.items() if v is not None}
+        with pytest.raises((KeyError, ValueError), match=word):
+            check_claims([claim], ["x", "y", "z"])
 
 
 def test_results_json_is_strict_and_carries_chance_levels(tmp_path):
@@ -179,3 +190,28 @@ def test_held_out_itm_accuracy_pairs_every_caption_with_its_image_and_another(tm
     assert itm_accuracy(Pre(Itm()), pairs, batch_size=4) == 1.0
     assert itm_accuracy(Pre(Itm(constant=0.9)), pairs, batch_size=5) == 0.5
     assert itm_accuracy(Pre(Itm()), pairs, limit=7) == 1.0
+
+
+def test_every_verdict_line_shows_its_test_direction_sign_flip_and_basis(tmp_path):
+    """results.md (claims table and Verdicts list), results.json and the text compare-report prints: the test, its
+    direction or margin, the per-seed differences, the sign-flip p with its floor, and parametric-only decisions."""
+    recs = records({("x", "pretrained"): 0.06, ("x", "scratch"): 0.0, ("z", "pretrained"): 0.0})
+    claims = [{"claim": "x beats its scratch", "a": "x", "b": "x/scratch", "metric": "vqa", "expect": "higher"},
+              {"claim": "z does not beat x", "a": "z", "b": "x", "metric": "vqa", "kind": "not_higher", "margin": 1.0}]
+    cfg = {"compare": {"title": "t", "seeds": [0, 1, 2, 3, 4], "budget": {"pretrain_steps": 1}, "claims": claims},
+           "data": {"name": "d"}}
+    account = {"sessions": [], "wall_s": 1.0, "unit_s": 1.0, "wasted_unit_s": 0.0, "attempts": 1, "died": 0,
+               "failed": 0, "device_hours": 1 / 3600, "wasted_device_hours": 0.0, "mfu": None, "units": {},
+               "plan": {"device": "cpu", "mfu": 0.3, "mfu_source": "s", "flops": 1e9, "device_hours": 0.001}}
+    printed = write_outputs(tmp_path, cfg, recs, {"data_hash": "0" * 12}, {}, account)
+    md = (tmp_path / "results.md").read_text()
+    for text in (md, printed):
+        assert "| one-sided paired t: a > b |" in text and "| one-sided paired t: a < b + 1 |" in text
+        assert "0.031 (0.031: cannot reach the level)" in text  # 5 seeds: 2^-5 against 0.05 / 2
+        assert "**reproduced** (decided under normality)" in text and "sign-flip p (smallest possible)" in text
+    assert ("- Claim: x beats its scratch: **reproduced** (one-sided paired t, a > b; p " in md
+            and "decided under normality: parametric-only)" in md)
+    data = json.loads((tmp_path / "results.json").read_text())
+    first = data["claims"][0]
+    assert first["test"] == "one-sided paired t" and first["direction"] == "a > b" and len(first["differences"]) == 5
+    assert first["rule"]["sign_flip_p"] == 1 / 32 and first["rule"]["parametric_only"] is True

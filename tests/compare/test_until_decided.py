@@ -92,7 +92,7 @@ def test_a_comparison_until_decided_runs_rounds_and_reports_each_claims_look(tmp
     assert seeds[("a", "pretrained")] == [0, 1, 2, 3, 4] and seeds[("d", "pretrained")] == [0, 1, 2, 3, 4]
     assert result["looks"] == [3, 4, 5]
     assert [c["verdict"] for c in result["claims"]] == ["inconclusive"] * 2  # a and b are the same run: no spread
-    assert all(c["sequential"]["look"] >= 1 for c in result["claims"])
+    assert all(c["rule"]["look"] >= 1 for c in result["claims"])
     need = result["seeds_needed"]
     assert need[0]["paper_effect"] == pytest.approx(0.01) and need[0]["hours_per_seed"] > 0
     assert result["plan"]["device"] == "cpu"
@@ -103,15 +103,105 @@ def test_a_comparison_until_decided_runs_rounds_and_reports_each_claims_look(tmp
     assert sorted(p.stat().st_mtime_ns for p in out.glob("runs/*/*/*/unit.json")) == before
 
 
-def test_a_resume_that_changes_a_safe_key_records_it_in_the_plan(tmp_path):
-    """A finished fixed comparison goes on until decided: the resume-safe keys it changes (and the command) are
-    written to plan.json, which its workers and later reports read; any other change is still refused."""
-    fixed = resolve_config(compose("compare", SETTINGS[:4]))
-    write_plan(fixed, tmp_path, ["compare=smoke"], resume=False)
-    decided = resolve_config(compose("compare", SETTINGS))
-    write_plan(decided, tmp_path, ["compare.until=decided"], resume=True)
+CHANGED_CLAIMS = CLAIMS.replace("{claim: c beats d, a: c, b: d, metric: vqa, expect: higher}",
+                                "{claim: c beats d, a: c, b: d, metric: vqa, expect: lower}")
+
+
+@pytest.mark.parametrize("override, named", [
+    (f"+compare.claims={CHANGED_CLAIMS}", "compare.claims['c beats d'].expect: 'higher' -> 'lower'"),
+    (f"+compare.claims={CLAIMS[:CLAIMS.index(', {claim: c')]}]", "claim 'c beats d' dropped"),
+    ("compare.alpha=0.1", "compare.alpha: 0.05 -> 0.1"),
+    ("compare.until=fixed", "compare.until: 'decided' -> 'fixed'"),
+    ("compare.max_seeds=4", "compare.max_seeds: 5 -> 4"),
+    ("compare.max_seeds=9", "compare.max_seeds: 5 -> 9"),
+    ("compare.round_seeds=2", "compare.round_seeds: 1 -> 2"),
+    ("compare.max_device_hours=2.5", "compare.max_device_hours: None -> 2.5")])
+def test_a_resume_that_changes_the_preregistered_analysis_is_refused(tmp_path, override, named):
+    """The claims (each with its direction and kind), alpha, until, max_seeds, the round size, the looks and the budget
+    are frozen in plan.json at the first session: a resume that changes any is refused naming it, before any write."""
+    write_plan(resolve_config(compose("compare", SETTINGS)), tmp_path, [], resume=False)
     plan = json.loads((tmp_path / "plan.json").read_text())
-    assert plan["config"]["compare"]["until"] == "decided" and plan["argv"] == ["compare.until=decided"]
+    assert plan["preregistered"]["looks"] == [3, 4, 5] and plan["preregistered"]["alpha"] == 0.05
+    assert [c["expect"] for c in plan["preregistered"]["claims"]] == ["higher", "higher"]
+    settings = [x for x in SETTINGS if not x.startswith(override.split("=")[0])] + [override]
+    with pytest.raises(ValueError, match="pre-registered") as err:
+        write_plan(resolve_config(compose("compare", settings)), tmp_path, [], resume=True)
+    assert named in str(err.value) and "new output_dir" in str(err.value)
+    assert json.loads((tmp_path / "plan.json").read_text()) == plan
+
+
+def test_a_resume_that_changes_a_safe_key_records_it_in_the_plan(tmp_path):
+    """Where and how units run may change on resume: the plan then holds the new value and the resuming command."""
+    write_plan(resolve_config(compose("compare", SETTINGS)), tmp_path, ["compare=smoke"], resume=False)
+    write_plan(resolve_config(compose("compare", [*SETTINGS, "compare.retries=2"])), tmp_path, ["compare.retries=2"],
+               resume=True)
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["config"]["compare"]["retries"] == 2 and plan["argv"] == ["compare.retries=2"]
+    described = [x for x in SETTINGS if not x.startswith("+compare.claims")] + [
+        "+compare.claims=" + CLAIMS.replace("paper_effect: 1.0", "paper_effect: 2.0, paper: Table 1, planning_sd: 1.0")]
+    write_plan(resolve_config(compose("compare", described)), tmp_path, [], resume=True)  # describes, tests nothing
     changed = resolve_config(compose("compare", [*SETTINGS, "compare.budget.pretrain_steps=5"]))
     with pytest.raises(ValueError, match="compare.budget.pretrain_steps"):
         write_plan(changed, tmp_path, [], resume=True)
+
+
+def test_a_look_starts_only_within_the_budget(monkeypatch):
+    """compare.max_device_hours: spent so far (6 h) + the next look's seeds (c and d one seed each at 1 h per seed,
+    times 1.5: the finished units spent 1.5x their plan) = 9 h; a budget of 8.9 stops the looks, 9 lets one start."""
+    import vlkit.compare.looks as looks
+
+    noise = {"a": [0.9] * 3, "b": [0.1, 0.11, 0.09], "c": [0.5, 0.52, 0.47], "d": [0.5, 0.49, 0.52]}
+    monkeypatch.setattr(records_module, "finished_records", lambda c: fake_records(noise))
+    monkeypatch.setattr(records_module, "finished_results", lambda c: {})
+    monkeypatch.setattr(looks, "spent_plan", lambda c, results: None)
+    units = {"u1": {"state": "finished", "planned_hours": 2.0, "device_hours": 3.0},
+             "u2": {"state": "finished", "planned_hours": 2.0, "device_hours": 3.0},
+             "u3": {"state": "died", "planned_hours": 1.0, "device_hours": 0.5}}
+    monkeypatch.setattr(looks, "account", lambda c, plan: {"device_hours": 6.0, "units": units})
+    monkeypatch.setattr(looks, "seed_costs", lambda c, plan: {"seed_hours": {"a": 5.0, "b": 5.0, "c": 1.0, "d": 1.0}})
+    stopped = comparison(["compare.max_device_hours=8.9"])
+    assert not next_look(stopped) and stopped.run_seeds == {}
+    started = comparison(["compare.max_device_hours=9"])
+    assert next_look(started) and [len(started.seeds_of(i)) for i in range(4)] == [3, 3, 4, 4]
+    with pytest.raises(ValueError, match="compare.max_device_hours=-1"):
+        from vlkit.compare.preregistration import preregistration
+        preregistration(comparison(["compare.max_device_hours=-1"]).compare)
+
+
+def test_results_name_the_claims_the_budget_left_undecided_and_their_price():
+    from vlkit.compare.report import budget_section
+
+    claims = [{"claim": "c beats d", "a": "c", "b": "d", "verdict": "running"},
+              {"claim": "a beats b", "a": "a", "b": "b", "verdict": "reproduced"}]
+    records = fake_records({"a": [0.9] * 3, "b": [0.1] * 3, "c": [0.5] * 4, "d": [0.5] * 4})
+    account = {"device_hours": 8.5, "units": {"u": {"state": "finished", "planned_hours": 2.0, "device_hours": 3.0}}}
+    compare = {"max_device_hours": 9.0, "max_seeds": 6}
+    text = "\n".join(budget_section(compare, claims, records, account, {"device": "cpu", "seed_hours":
+                                                                          {"c": 1.0, "d": 0.5}}))
+    # c and d from 4 to 6 seeds: 2 x (1.0 + 0.5) x 1.5 = 4.5 cpu-hours
+    assert "left 1 claim(s) undecided: c beats d" in text and "up to 4.5 more cpu-hours" in text
+    assert budget_section({"max_device_hours": None}, claims, records, account, None) == []
+
+
+def test_the_dry_run_prices_every_look(monkeypatch):
+    """A dry run of compare.until=decided prices each look up to max_seeds (the most: every claim undecided), and the
+    expected cost at the paper effects: claim 1's huge effect is decided within the first looks, so mostly claim 2's
+    runs (no paper effect: undecided to the end) add seeds."""
+    import re
+
+    from types import SimpleNamespace
+
+    import vlkit.compare.looks as looks
+
+    monkeypatch.setattr(looks, "seed_costs", lambda c, plan: {"device": "a100", "seed_hours":
+                                                             {"a": 1.0, "b": 1.0, "c": 2.0, "d": 3.0}})
+    claims = ("[{claim: a beats b, a: a, b: b, metric: vqa, expect: higher, paper_effect: 30.0, planning_sd: 1.0}, "
+              "{claim: c beats d, a: c, b: d, metric: vqa, expect: higher}]")
+    comp = comparison([f"+compare.claims={claims}", "compare.max_seeds=9", "compare.max_device_hours=40"])
+    text = "\n".join(looks.looks_plan(comp, SimpleNamespace(hours=10.0)))
+    assert "| 7 | 9 | 52.0 | 100% |" in text and "| 1 | 3 | 10.0 | 100% |" in text  # 10 + 6 x (1 + 1 + 2 + 3)
+    assert "At most: 52.0 a100-hours" in text
+    expected = float(re.search(r"Expected at the paper effects: ([0-9.]+) a100-hours", text).group(1))
+    assert 40.0 <= expected < 42.0  # 10 + 6 x (2 + 3) for c and d, a and b decided after 3 or 4 seeds
+    assert "check a decision from 6 seeds on" in text and "looks up to 7 seeds fit" in text  # 10 + 4 x 7 = 38
+    assert looks.looks_plan(comparison(["compare.until=fixed"]), SimpleNamespace(hours=1.0)) == []

@@ -27,7 +27,8 @@ Modules, by role:
 - the command: `command` (`vlkit compare`, `vlkit compare-report`, the plan file), `records` (what finished
   units give), `report`, `plots` and `manifest` (outputs), `account` (what it spent, across every session);
 - the cost plan and the statistics: `estimate` (dry run), `plan`, `flops` and `devices` (the FLOP plan),
-  `statistics`, `claims` and `sequential` (tests, verdicts, seeds until decided).
+  `statistics` and `claims` (tables, verdicts), `preregistration` (the analysis frozen at the first session) and
+  `looks` (seeds until decided); the tests themselves and the rule are `vlkit.stats`.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ from vlkit.compare.comparison import Comparison
 from vlkit.compare.config import RunSpec, look_sizes_of, objective_mix, resolve_config, run_specs, task_cfg
 from vlkit.compare.looks import next_look, replay_looks
 from vlkit.compare.records import collect, finished_records, unit_states
-from vlkit.compare.statistics import HEADLINE, mean_ci, paired_p_value, summarize
+from vlkit.compare.statistics import HEADLINE, summarize
 from vlkit.compare.unit_work import UnitWork
 from vlkit.compare.units import digest
+from vlkit.stats.paired import mean_ci, paired_p_value
 
 __all__ = ["Comparison", "HEADLINE", "RESUME_SAFE", "RunSpec", "UnitWork", "collect", "digest", "finished_records",
            "look_sizes_of", "main", "mean_ci", "next_look", "objective_mix", "paired_p_value", "replay_looks",

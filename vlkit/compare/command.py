@@ -19,13 +19,13 @@ from vlkit.compare.account import Session, heartbeat_s
 from vlkit.compare.claims import check_claims
 from vlkit.compare.comparison import Comparison
 from vlkit.compare.config import objective_mix
-from vlkit.compare.spec import CompareSpec
 from vlkit.compare.looks import replay_looks
+from vlkit.compare.preregistration import PREREGISTERED, check_preregistered, preregistration
 from vlkit.compare.records import collect, finished_results, unit_states
-from vlkit.compare.report import clean_json
 from vlkit.compare.scheduler import run_session
+from vlkit.compare.spec import CompareSpec
 from vlkit.compare.units import PLAN_FILE, changed_keys
-from vlkit.io import read_json
+from vlkit.io import clean_json, read_json
 from vlkit.locks import hold
 
 
@@ -33,11 +33,8 @@ from vlkit.locks import hold
 # resume-safe keys of its block, `vlkit.compare.executor_base.run_keys`).
 RESUME_SAFE = ("output_dir", "resume", "dry_run", "progress", "workers", "cache_dir", "manifest",
                "expected_data_hash", "compare.retries", "compare.executor", "compare.plan",
-               "compare.probe", "compare.until", "compare.max_seeds", "compare.round_seeds", "compare.claims",
-               "compare.heartbeat_s")
-# (the claims and until / max_seeds / round_seeds decide what is tested and which seeds run, not what a unit
-# computes: a finished fixed comparison may go on with compare.until=decided; decide on it before reading the
-# results for its error guarantee)
+               "compare.probe", "compare.heartbeat_s")
+# (the pre-registered analysis, `vlkit.compare.preregistration.PREREGISTERED`, is checked on its own: never changed)
 
 
 def saved_plan(cfg: dict[str, Any], output_dir: Path, resume: bool) -> dict[str, Any] | None:
@@ -57,7 +54,9 @@ def saved_plan(cfg: dict[str, Any], output_dir: Path, resume: bool) -> dict[str,
     if not path.is_file():
         raise FileNotFoundError(f"resume=true: {output_dir} holds no {PLAN_FILE}, so it is not a vlkit comparison")
     saved = read_json(path, PLAN_DAMAGED)
-    changed = changed_keys(saved["config"], json.loads(dump_json(_planned(cfg))), RESUME_SAFE + run_keys())
+    check_preregistered(saved, cfg["compare"], path)
+    changed = changed_keys(saved["config"], json.loads(dump_json(_planned(cfg))),
+                           RESUME_SAFE + run_keys() + PREREGISTERED)
     if changed:
         raise ValueError(f"resume=true: the configuration differs from the one {output_dir} was started with "
                          f"({path}); changed: " + "; ".join(changed) + ". Rerun with the original settings, or "
@@ -79,7 +78,8 @@ def write_plan(cfg: dict[str, Any], output_dir: Path, argv: list[str], resume: b
 
     path = output_dir / PLAN_FILE
     saved = saved_plan(cfg, output_dir, resume)
-    record = {"config": _planned(cfg), "argv": argv, "digests": digests or {}}
+    record = {"config": _planned(cfg), "argv": argv, "digests": digests or {},
+              "preregistered": preregistration(cfg["compare"])}
     if saved is None:
         output_dir.mkdir(parents=True, exist_ok=True)
         record["created"] = time.time()
@@ -132,6 +132,7 @@ def _main(spec: CompareSpec, output_dir: Path) -> ComparisonResult:
     torch.set_num_threads(settings.threads)
     comparison = Comparison(cfg, Path(cfg.get("output_dir") or "."), progress=cfg.get("progress", True))
     check_claims(compare.get("claims") or [], [s.name for s in comparison.specs])
+    preregistration(compare)  # the looks, alpha and budget, checked
     comparison.check_models()
     comparison.check_task_sources()
     comparison.check_trainers()

@@ -256,9 +256,9 @@ def task_file(name: str) -> Path:
 
 
 def look_sizes_of(compare: dict[str, Any]) -> list[int] | None:
-    """The looks of ``compare.until=decided`` (`vlkit.compare.sequential.look_sizes`), None for a fixed comparison;
+    """The looks of ``compare.until=decided`` (`vlkit.stats.sequential.look_sizes`), None for a fixed comparison;
     the keys are checked before any work, naming the one at fault."""
-    from vlkit.compare.sequential import look_sizes
+    from vlkit.stats.sequential import look_sizes
 
     until = compare.get("until") or "fixed"
     if until not in ("fixed", "decided"):

@@ -125,6 +125,7 @@ def executor_lines(settings: Any, wall_hours: Any) -> list[str]:
 def flops_plan(comparison: Any, settings: Any, plan_cfg: dict[str, Any]) -> str:
     """The FLOP plan as text: per unit its FLOPs per step, steps, device-hours and wall; the total FLOPs and
     GPU-hours, and the wall time per executor."""
+    from vlkit.compare.looks import looks_plan
     from vlkit.compare.plan import make_plan
     from vlkit.compare.report import figure, markdown_table
 
@@ -157,6 +158,7 @@ def flops_plan(comparison: Any, settings: Any, plan_cfg: dict[str, Any]) -> str:
            + (f" (units of {settings.threads} thread(s))." if device.name == "cpu" else ".")]
     order = [r.key for r in plan.units]
     out += executor_lines(settings, lambda n: figure(simulate(durations, depends, order, n) / 3600))
+    out += looks_plan(comparison, plan)
     return "\n".join(out)
 
 

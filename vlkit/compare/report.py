@@ -9,12 +9,15 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from vlkit.compare.claims import claim_runs, seeds_needed, verdicts
 from vlkit.compare.plots import plot_results
+from vlkit.compare.preregistration import max_device_hours, seeds_cost, spend_factor
 from vlkit.compare.records import POINTS, UNITS
-from vlkit.compare.statistics import (ALPHA, COSTS, HEADLINE, VQA_ANSWER_TYPES, baseline_key, chance_levels,
+from vlkit.compare.statistics import (COSTS, HEADLINE, VQA_ANSWER_TYPES, baseline_key, chance_levels,
                                       detectable_effects, pairwise_tests, scratch_tests, summarize)
 from vlkit.io import clean_json, dump_json
 from vlkit.runtime import GEMM_PROBE
+from vlkit.stats.paired import ALPHA
 
 COST_LABELS = {"params": "params", "train_samples_per_s": "train samples/s", "latency_ms": "latency ms/ex",
                "wall_s": "wall s"}
@@ -151,21 +154,66 @@ def detectable_note(mde: dict[str, dict[str, float]], seeds: int) -> str:
 
 
 def claims_table(claims: list[dict[str, Any]]) -> str:
-    """The claims with their effect and verdict: Holm's p (a fixed comparison), or the look that decided each and
-    its p against the boundary's level (``compare.until=decided``)."""
+    """The claims with their effect and verdict, and beside each the assumptions it rests on: the test and its
+    direction or margin, the per-seed differences, the look that decided it (or the last one) with its p against the
+    level, the exact sign-flip p with the smallest one these seeds allow, and whether the decision is parametric-only
+    (`vlkit.compare.claims.verdicts`)."""
     lines = []
-    sequential = any("sequential" in c for c in claims)
     for c in claims:
+        rule = c["rule"]
         effect = "–" if c["effect"] != c["effect"] else f"{c['effect'] * POINTS:+.1f} ± {c['ci95'] * POINTS:.1f}"
-        if sequential:
-            rule = c["sequential"]
-            p = "–" if not rule["look"] else f"look {rule['look']} ({rule['n']} seeds): p {_p(rule['p'])} vs {_p(rule['level'])}"
-        else:
-            p = "–" if c["p_holm"] != c["p_holm"] else f"{c['p_holm']:.3f}"
-        lines.append([c["claim"], f"{c['a']} vs {c['b']}", c["metric"], c.get("paper", ""), effect, p,
-                      f"**{c['verdict']}**"])
-    return markdown_table(["claim", "compared", "metric", "paper", "effect (points)",
-                           "decided at: p vs boundary" if sequential else "Holm p", "verdict"], lines)
+        diffs = " ".join(f"{d * POINTS:+.1f}" for d in c["differences"]) or "–"
+        p = "–" if not rule["look"] else f"look {rule['look']} ({rule['n']} seeds): p {_p(rule['p'])} vs {_p(rule['level'])}"
+        lines.append([c["claim"], f"{c['a']} vs {c['b']}", c["metric"], c.get("paper", ""),
+                      f"{c['test']}: {c['direction']}", effect, diffs, p, sign_flip_cell(rule),
+                      f"**{c['verdict']}**" + (" (decided under normality)" if rule["parametric_only"] else "")])
+    return markdown_table(["claim", "compared", "metric", "paper", "test: hypothesis (points)", "effect (points)",
+                           "per-seed a − b", "p vs level", "sign-flip p (smallest possible)", "verdict"], lines)
+
+
+def sign_flip_cell(rule: dict[str, Any]) -> str:
+    """The exact sign-flip p at the seeds used, its floor ``2^-n``, and whether the floor reaches the claim's level."""
+    if not rule["look"]:
+        return "–"
+    reach = "can reach the level" if rule["sign_flip_floor"] <= rule["level"] else "cannot reach the level"
+    return f"{_p(rule['sign_flip_p'])} ({_p(rule['sign_flip_floor'])}: {reach})"
+
+
+def budget_section(compare: dict[str, Any], claims: list[dict[str, Any]], records: list[dict[str, Any]],
+                   account: dict[str, Any], costs: dict[str, Any] | None) -> list[str]:
+    """results.md's lines on ``compare.max_device_hours``: what was spent against it, which claims it left undecided
+    and what deciding them (their runs to ``compare.max_seeds``) would cost, at the plan's hours per seed corrected by
+    what finished units spent (`vlkit.compare.preregistration.seeds_cost`)."""
+    budget = max_device_hours(compare)
+    if budget is None or not claims:
+        return []
+    spent = account["device_hours"]
+    left = [c for c in claims if c["verdict"] == "running"]
+    line = f"Budget: compare.max_device_hours={budget:g}; spent {spent:.3g} device-hours."
+    if not left:
+        return ["### Budget", "", line + " No claim was left undecided by it.", ""]
+    seeds: dict[str, set[int]] = {}
+    for r in records:
+        seeds.setdefault(r["run"], set()).add(r["seed"])
+    runs = sorted({run for c in left for run in claim_runs(c)})
+    factor = spend_factor(account)
+    now = {run: len(s) for run, s in seeds.items()}
+    cost = seeds_cost(costs["seed_hours"], now, {run: compare["max_seeds"] for run in runs}, factor) \
+        if costs else float("nan")
+    return ["### Budget", "", line + f" It left {len(left)} claim(s) undecided: "
+            + "; ".join(c["claim"] for c in left) + f". Deciding them, every look up to compare.max_seeds="
+            f"{compare['max_seeds']} for their runs ({', '.join(runs)}), would cost up to {cost:.3g} more "
+            f"{(costs or {}).get('device', 'device')}-hours (the plan's hours per seed x {factor:.2f}, what finished "
+            "units spent over what the plan gave them).", ""]
+
+
+def verdict_line(c: dict[str, Any]) -> str:
+    """One claim's verdict with its test, direction or margin, sign-flip p and basis (results.md's Verdicts)."""
+    rule = c["rule"]
+    basis = ("decided under normality: parametric-only" if rule["parametric_only"] else
+             "t-test and sign-flip test agree" if rule["state"] == "decided" else "not decided")
+    return (f"- Claim: {c['claim']}: **{c['verdict']}** ({c['test']}, {c['direction']}; p {_p(rule['p'])} vs "
+            f"{_p(rule['level'])}; sign-flip p {sign_flip_cell(rule)}; {basis})")
 
 
 def _p(value: float) -> str:
@@ -191,14 +239,12 @@ def seeds_table(rows: list[dict[str, Any]], device: str) -> str:
 
 
 def analyse(records: list[dict[str, Any]], claims: list[dict[str, Any]] | None = None, sizes: list[int] | None = None,
-            costs: dict[str, Any] | None = None) -> dict[str, Any]:
+            costs: dict[str, Any] | None = None, alpha: float = ALPHA) -> dict[str, Any]:
     """Everything the report shows, as data: summary rows, tests, chance levels, detectable effects, claims (by the
-    group-sequential rule over the looks ``sizes`` when given), and the seeds each claim needs at the per-seed
-    device-hours of each run in ``costs`` (``{"device": ..., "seed_hours": {run: hours}}``)."""
-    from vlkit.compare.claims import evaluate_claims, seeds_needed, sequential_verdicts
-
+    group-sequential rule over the looks ``sizes`` when given, family-wise error ``alpha``), and the seeds each claim
+    needs at the per-seed device-hours of each run in ``costs`` (``{"device": ..., "seed_hours": {run: hours}}``)."""
     rows = summarize(records)
-    entries = sequential_verdicts(records, claims or [], sizes) if sizes else evaluate_claims(records, claims or [])
+    entries = verdicts(records, claims or [], sizes, alpha)
     metrics = [c for c in HEADLINE if any(c in r for r in rows)]
     scratch = scratch_tests(records, metrics)
     pairwise = pairwise_tests(records, metrics)
@@ -206,7 +252,7 @@ def analyse(records: list[dict[str, Any]], claims: list[dict[str, Any]] | None =
     return {"summary": rows, "metrics": metrics, "tests": {"vs_scratch": scratch, "pairwise": pairwise},
             "chance": chance_levels(records), "detectable_effects": detectable_effects(scratch, seeds),
             "claims": entries, "seeds": seeds, "looks": sizes,
-            "seeds_needed": seeds_needed(entries, (costs or {}).get("seed_hours") or {}) if entries else [],
+            "seeds_needed": seeds_needed(entries, (costs or {}).get("seed_hours") or {}, alpha) if entries else [],
             "plan": {k: v for k, v in (costs or {}).items() if k != "seed_hours"} or None}
 
 
@@ -323,7 +369,8 @@ def write_outputs(output_dir: Path, cfg: dict[str, Any], records: list[dict[str,
     from vlkit.io import atomic_write_text
 
     sizes = look_sizes_of(cfg["compare"])
-    result = analyse(records, cfg["compare"].get("claims"), sizes, costs)
+    alpha = cfg["compare"].get("alpha", ALPHA)
+    result = analyse(records, cfg["compare"].get("claims"), sizes, costs, alpha)
     rows, metrics = result["summary"], result["metrics"]
     table = results_table(rows, metrics + [c for c in COSTS if any(c in r for r in rows)])
     seeds = sorted({r["seed"] for r in records})
@@ -337,18 +384,23 @@ def write_outputs(output_dir: Path, cfg: dict[str, Any], records: list[dict[str,
              "(– where a task does not apply).", chance_note(result["chance"]), "", table, ""]
     notes += answer_types_section(rows, records)
     if result["claims"]:
-        how = (f"decided by the group-sequential rule at looks after {sizes} seeds (exact t boundaries, O'Brien-Fleming-"
-               f"type spending, graphical Holm over the claims: family-wise error {ALPHA}; docs/compare-sequential.md)"
-               if sizes else f"Holm-corrected over the claims (p < {ALPHA})")
-        notes += ["## The papers' claims", "", "Each claim as a paired t-test over seeds (effect = first minus "
-                  f"second, in points, ± 95% CI), {how}.", "", claims_table(result["claims"]), ""]
+        how = (f"decided by the group-sequential rule at looks after {sizes} seeds (exact one-sided t boundaries, "
+               "O'Brien-Fleming-type spending, graphical Holm over the claims" if sizes else
+               "decided at the seeds there are, Holm over the claims")
+        notes += ["## The papers' claims", "", "Each claim as its pre-registered one-sided paired test over seeds "
+                  "(TOST for an equivalence claim; effect = first minus second, in points, ± 95% CI), "
+                  f"{how}: family-wise error {alpha}. A decision needs the t-test's p at its level and, where the "
+                  "exact sign-flip test can reach that level (2^-n ≤ level), the sign-flip p too; a decision it could "
+                  "not check is marked *decided under normality* (docs/compare-sequential.md).", "",
+                  claims_table(result["claims"]), ""]
         if result["plan"]:
             plan = result["plan"]
-            notes += ["### Seeds a claim needs", "", "The seeds a fixed design needs for 80% power (two-sided paired "
-                      f"t-test at Holm's strictest level, {ALPHA} / {len(result['claims'])}), at the paper's effect and "
+            notes += ["### Seeds a claim needs", "", "The seeds a fixed design needs for 80% power (one-sided paired "
+                      f"t-test at Holm's strictest level, {alpha} / {len(result['claims'])}), at the paper's effect and "
                       "at the observed one, with the observed SD of the paired differences; in brackets their cost: "
                       f"the claim's two runs per seed on {plan['device']} at MFU {plan['mfu']:.1%} (`compare.plan`).",
                       "", seeds_table(result["seeds_needed"], plan["device"]), ""]
+        notes += budget_section(cfg["compare"], result["claims"], records, account, costs)
     notes += ["## Pre-training vs scratch", "",
               f"The same model fine-tuned after pre-training minus without it, paired by seed; `*`: Holm-corrected "
               f"p < {ALPHA} over this table.", "", tests_table(result["tests"]["vs_scratch"], metrics, "run"), "",
@@ -358,7 +410,7 @@ def write_outputs(output_dir: Path, cfg: dict[str, Any], records: list[dict[str,
                   f"Every pair of pre-trained runs (first minus second), paired by seed; `*`: Holm-corrected p < {ALPHA} "
                   "over this table.", "", tests_table(result["tests"]["pairwise"], metrics, "pair"), ""]
     notes += ["## Verdicts", "", *verdict_lines(result["tests"]["vs_scratch"], result["tests"]["pairwise"]),
-              *[f"- Claim: {c['claim']}: **{c['verdict']}**" for c in result["claims"]], "",
+              *[verdict_line(c) for c in result["claims"]], "",
               "Every metric of every run and seed: `results.csv` / `results.json`; plots: `metrics.png`, "
               "`loss_curves.png`, `wra_plan.png`.", "", *account_section(account)]
     atomic_write_text(output_dir / "results.md", "\n".join(notes))

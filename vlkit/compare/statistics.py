@@ -1,11 +1,14 @@
-"""Statistics over seeds: means with t confidence intervals, paired t-tests (pre-trained vs scratch, and
-every pair of contestants), Holm's correction over a table, and the minimum detectable effect."""
+"""A comparison's tables over seeds: per (run, variant) means with t confidence intervals, paired t-tests
+(pre-trained vs scratch, and every pair of contestants) Holm-corrected over a table, detectable effects, chance
+levels; the tests themselves are `vlkit.stats`."""
 from __future__ import annotations
 
 import math
 import statistics
 from itertools import combinations
 from typing import Any, Sequence
+
+from vlkit.stats.paired import ALPHA, finite, holm, mean_ci, min_detectable_effect, paired_test
 
 # Metrics the tables show first, in this order (anything else follows alphabetically).
 HEADLINE = ("itm_acc", "vqa", "ir_r1", "tr_r1", "zs_ir_r1", "zs_tr_r1", "refexp", "nlvr2", "snli_ve", "meta_sum")
@@ -31,79 +34,6 @@ BASELINE_PREFIXES = ("vqa_blind_", "vqa_prior_")  # the question-only baselines 
 def is_bookkeeping(key: str) -> bool:
     """A record key that is no metric: seeds, costs, chance levels and baselines, per-stage wall times (``*_wall_s``)."""
     return key in BOOKKEEPING or key.endswith("_wall_s") or key.startswith(BASELINE_PREFIXES)
-ALPHA = 0.05
-POWER = 0.8
-
-
-def _finite(values: Sequence[Any]) -> list[float]:
-    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
-
-
-def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
-    """Mean and the half-width of its t-distribution confidence interval (NaN for a single value)."""
-    from scipy import stats
-
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, float("nan")
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, float(stats.t.ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n))
-
-
-def paired_p_value(a: Sequence[float], b: Sequence[float]) -> float:
-    """Two-sided paired t-test over seeds; NaN (not significant) when it cannot be computed: fewer than
-    two seeds, or differences without spread, rounding aside (the t statistic is undefined, not infinitely sure)."""
-    from scipy import stats
-
-    if len(a) != len(b) or len(a) < 2:
-        return float("nan")
-    diffs = [x - y for x, y in zip(a, b)]
-    if all(math.isclose(d, diffs[0], rel_tol=1e-9, abs_tol=1e-12) for d in diffs):  # equal up to rounding
-        return float("nan")
-    return float(stats.ttest_rel(a, b).pvalue)
-
-
-def paired_test(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
-    """``a - b`` paired by seed: mean difference, its 95% CI half-width, SD of the differences, p-value."""
-    diffs = [x - y for x, y in zip(a, b)]
-    effect, ci = mean_ci(diffs)
-    sd = math.sqrt(sum((d - effect) ** 2 for d in diffs) / (len(diffs) - 1)) if len(diffs) > 1 else float("nan")
-    return {"effect": effect, "ci95": ci, "sd": sd, "n": len(diffs), "p": paired_p_value(a, b)}
-
-
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm-Bonferroni adjusted p-values (step-down, monotone, capped at 1); NaN (a test that could not
-    be computed) stays NaN and does not count towards the number of tests."""
-    order = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
-    m = len(order)
-    adjusted = [float("nan")] * len(p_values)
-    running = 0.0
-    for rank, (p, i) in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p))
-        adjusted[i] = running
-    return adjusted
-
-
-def min_detectable_effect(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
-    """The smallest true mean difference a two-sided paired t-test over ``n`` seeds detects with probability
-    ``power`` at level ``alpha``, when the differences have standard deviation ``sd`` (noncentral t)."""
-    from scipy import optimize
-
-    from vlkit.compare.sequential import paired_power
-
-    if n < 2 or not math.isfinite(sd) or sd <= 0:
-        return float("nan")
-
-    def shortfall(effect: float) -> float:
-        return paired_power(effect, sd, n, alpha) - power if effect > 0 else -power
-
-    high = sd
-    while shortfall(high) < 0:
-        high *= 2
-    return float(optimize.brentq(shortfall, 0.0, high))
-
-
 def metric_columns(records: list[dict[str, Any]]) -> list[str]:
     """Every numeric field of the records but bookkeeping and chance levels, headline metrics first."""
     numeric = {k for r in records for k, v in r.items()
@@ -128,7 +58,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                "preset": group[0]["preset"], "objectives": group[0]["objectives"],
                                "seeds": [r["seed"] for r in group]}
         for col in columns:
-            values = _finite([r.get(col) for r in group])
+            values = finite([r.get(col) for r in group])
             if values:
                 mean, ci = mean_ci(values)
                 row[col] = {"mean": mean, "ci95": ci, "n": len(values)}
@@ -140,7 +70,7 @@ def _paired(a: list[dict[str, Any]], b: list[dict[str, Any]], metric: str) -> tu
     """Values of ``metric`` in the seeds both groups have, in seed order."""
     va = {r["seed"]: r.get(metric) for r in a}
     vb = {r["seed"]: r.get(metric) for r in b}
-    seeds = [s for s in sorted(va) if s in vb and _finite([va[s]]) and _finite([vb[s]])]
+    seeds = [s for s in sorted(va) if s in vb and finite([va[s]]) and finite([vb[s]])]
     return [float(va[s]) for s in seeds], [float(vb[s]) for s in seeds]
 
 
@@ -213,7 +143,7 @@ def chance_levels(records: list[dict[str, Any]]) -> dict[str, float]:
     Meta-Sum's is the sum of its parts'."""
     out = {}
     for metric, key in CHANCE_KEYS.items():
-        values = _finite([r.get(key) for r in records])
+        values = finite([r.get(key) for r in records])
         if values:
             out[metric] = values[0]
     parts = ("vqa", "ir_r1", "tr_r1", "nlvr2", "refexp")
@@ -222,6 +152,5 @@ def chance_levels(records: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-__all__ = ["ALPHA", "BASELINE_PREFIXES", "CHANCE_KEYS", "COSTS", "HEADLINE", "VQA_ANSWER_TYPES", "baseline_key",
-           "chance_levels", "detectable_effects", "holm", "mean_ci", "metric_columns", "min_detectable_effect",
-           "paired_p_value", "paired_test", "pairwise_tests", "scratch_tests", "summarize"]
+__all__ = ["BASELINE_PREFIXES", "CHANCE_KEYS", "COSTS", "HEADLINE", "VQA_ANSWER_TYPES", "baseline_key",
+           "chance_levels", "detectable_effects", "metric_columns", "pairwise_tests", "scratch_tests", "summarize"]
