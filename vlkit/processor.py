@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from vlkit.data.tokenizers import TOKENIZER_DIR
-from vlkit.runs import RUN_INFO, read_recorded_path, read_recorded_paths, read_run_info, record_path, record_paths, \
+from vlkit.runs import RUN_INFO, read_recorded_path, read_recorded_paths, record_path, record_paths, run_data, \
     write_record
 from vlkit.types import VLBatch
 from vlkit.validate import IMAGE_SUFFIXES, DataError, image_folder
@@ -256,8 +256,7 @@ def _from_run(directory: Path, images: Any = None, cache_dir: Any = None) -> VLP
     from vlkit.data.tokenizers import run_tokenizer
     from vlkit.train.preflight import read_init
 
-    data = read_recorded_paths(read_run_info(directory)["data"], directory / RUN_INFO, {"data.image.path": images},
-                               cache_dir, _PASSED)
+    data = run_data(directory, {"data.image.path": images}, cache_dir, _PASSED)
     _, model_cfg = read_init(directory)
     return _from_data(model_cfg, {**data, "tokenizer": run_tokenizer(directory) or data.get("tokenizer")}, directory,
                       cache_dir)

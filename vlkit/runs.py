@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from vlkit.io import atomic_write_text
 from vlkit.validate import DataError
 
 PRETRAINING_WEIGHTS = "pretraining.safetensors"
@@ -76,8 +77,6 @@ def record_paths(data: Mapping[str, Any], folder: str | os.PathLike) -> dict[str
 def write_record(path: str | os.PathLike, record: Mapping[str, Any]) -> None:
     """Write a record (``run.json``, ``processor.json``) atomically and note its digest in the user's cache, so that
     the paths it names outside its folder are read again on this machine (`own_record`)."""
-    from vlkit.io import atomic_write_text
-
     path = Path(path)
     text = json.dumps(record, indent=2, sort_keys=True, default=str)
     atomic_write_text(path, text)
@@ -184,3 +183,11 @@ def read_run_info(directory: str | Path) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
         raise DataError(f"{path} is not a vlkit run record ({type(err).__name__}: {err})") from err
     return info
+
+
+def run_data(directory: str | os.PathLike, given: Mapping[str, Any] | None = None, cache: str | os.PathLike | None = None,
+             names: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The data config a run recorded (``run.json``'s ``data``), its paths resolved for reading (`read_recorded_paths`:
+    ``given`` replaces a recorded path by its command-line key, ``names`` says how the caller passes each)."""
+    path = Path(directory) / RUN_INFO
+    return read_recorded_paths(read_run_info(directory).get("data") or {}, path, given, cache, names)
