@@ -107,8 +107,10 @@ def check_unit_keys(mix: Mapping[str, Any]) -> None:
     mode): ``ratio`` where every objective runs at every step (``sampling: sum``, ``every_step``), ``weight`` on an
     objective drawn per batch (one objective per step: ``ratio`` says how often; a constant factor on the loss of
     the only objective of a step is, under Adam, all but undone)."""
-    sampling = mix.get("sampling", DEFAULTS["sampling"])
+    sampling, known = mix.get("sampling", DEFAULTS["sampling"]), OBJECTIVES.names()
     for name, options in (mix.get("objectives") or {}).items():
+        if name not in known:  # an unknown objective is refused as such (`check_mix`, the preflight)
+            continue
         options = options if isinstance(options, Mapping) else {}
         every_step = bool(options.get("every_step", False))
         if "ratio" in options and (sampling == "sum" or every_step):
