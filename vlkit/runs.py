@@ -74,6 +74,23 @@ def record_paths(data: Mapping[str, Any], folder: str | os.PathLike) -> dict[str
     return out
 
 
+def record_task_paths(task_cfg: Mapping[str, Any], folder: str | os.PathLike) -> dict[str, Any]:
+    """A task config with its files (``files.<split>``' paths, ``path``, ``refs``, ``instances``) as `record_path`
+    writes them: ``evaluate checkpoint=`` of a fine-tuning reads them again, from any folder."""
+    def recorded(value: Any, key: str | None = None) -> Any:
+        if isinstance(value, dict):
+            return {k: recorded(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [recorded(v, key) for v in value]
+        return record_path(value, folder) if key != "image_id_format" and _is_path(value) else value
+
+    out = json.loads(json.dumps(dict(task_cfg), default=str))
+    for key in ("files", "path", "refs", "instances"):
+        if out.get(key) is not None:
+            out[key] = recorded(out[key], key)
+    return out
+
+
 def write_record(path: str | os.PathLike, record: Mapping[str, Any]) -> None:
     """Write a record (``run.json``, ``processor.json``) atomically and note its digest in the user's cache, so that
     the paths it names outside its folder are read again on this machine (`own_record`)."""
@@ -169,6 +186,8 @@ def save_run(directory: Path, module: Any, info: dict[str, Any], tokenizer: Any 
     save_weights(module, directory / name)
     if isinstance(info.get("data"), Mapping):
         info = {**info, "data": record_paths(info["data"], directory)}
+    if isinstance(info.get("task_cfg"), Mapping):
+        info = {**info, "task_cfg": record_task_paths(info["task_cfg"], directory)}
     write_record(directory / RUN_INFO, info)
 
 

@@ -49,6 +49,22 @@ def test_record_path_is_relative_inside_the_folder_and_absolute_outside(tmp_path
     assert record_path("photos", tmp_path / "run") == str(tmp_path / "photos")
 
 
+def test_a_fine_tunings_task_files_are_recorded_absolute(tmp_path, monkeypatch):
+    from vlkit.runs import record_task_paths
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("q.json", "a.json", "t.json", "karpathy.json"):
+        (tmp_path / name).write_text("{}")
+    task = {"name": "vqa", "source": "files", "files": {"train": {"questions": "q.json", "annotations": "a.json",
+                                                                  "image_id_format": "img_{}"},
+                                                        "val": None, "test": [{"questions": "t.json"}]}}
+    assert record_task_paths(task, tmp_path / "run")["files"] == {
+        "train": {"questions": str(tmp_path / "q.json"), "annotations": str(tmp_path / "a.json"),
+                  "image_id_format": "img_{}"}, "val": None, "test": [{"questions": str(tmp_path / "t.json")}]}
+    assert record_task_paths({"name": "retrieval", "path": "karpathy.json", "image_id": "stem"}, tmp_path / "run") == {
+        "name": "retrieval", "path": str(tmp_path / "karpathy.json"), "image_id": "stem"}
+
+
 def test_runs_and_saved_processors_record_absolute_paths_and_load_from_another_folder(tmp_path, monkeypatch,
                                                                                    user_cache):
     """A run written with relative paths (the command line's and Python's ``vlkit.pretrain`` share `save_run`) and
