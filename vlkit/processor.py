@@ -71,7 +71,6 @@ class VLProcessor:
 
     def image_id(self, image: str | os.PathLike) -> str:
         """The id of an image given by file name (``cat.png``, ``sub/cat.jpg``) or by id (``cat``)."""
-
         path = Path(image)
         return path.stem if path.suffix.lower() in IMAGE_SUFFIXES else str(image)
 

@@ -19,7 +19,7 @@ import torch
 from vlkit.config import plain
 from vlkit.models.base import ModelConfig, VLModel, from_pretrained, split_model_config
 from vlkit.registry import DATASETS, MODELS, TASKS
-from vlkit.runs import PRETRAINING_WEIGHTS, RUN_INFO, TASK_WEIGHTS, read_run_info, save_run
+from vlkit.runs import PRETRAINING_WEIGHTS, RUN_INFO, TASK_WEIGHTS, read_run_info, save_run, user_cache
 from vlkit.train.resume import run_record
 from vlkit.validate import DataError, SkipLog
 
@@ -27,7 +27,7 @@ from vlkit.validate import DataError, SkipLog
 
 def cache_dir(cfg_value: str | None = None) -> Path:
     """Where derived data (shapes feature stores) is cached: ``cache_dir=``, ``$VLKIT_CACHE`` or ~/.cache/vlkit."""
-    return Path(cfg_value or os.environ.get("VLKIT_CACHE") or Path.home() / ".cache" / "vlkit")
+    return Path(cfg_value) if cfg_value else user_cache()
 
 
 def shapes_feature_store(world: Any, directory: Path, progress: bool = True) -> Path:
