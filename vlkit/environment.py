@@ -19,12 +19,13 @@ from vlkit.data.shapes import shared_world
 from vlkit.data.tokenizers import build_tokenizer, family_tokenizer
 from vlkit.models.base import ModelConfig, VLModel, split_model_config
 from vlkit.registry import MODELS
+from vlkit.runs import user_cache
 from vlkit.validate import SkipLog
 
 
 def cache_dir(cfg_value: str | None = None) -> Path:
     """Where derived data (shapes feature stores) is cached: ``cache_dir=``, ``$VLKIT_CACHE`` or ~/.cache/vlkit."""
-    return Path(cfg_value or os.environ.get("VLKIT_CACHE") or Path.home() / ".cache" / "vlkit")
+    return Path(cfg_value) if cfg_value else user_cache()
 
 
 def shapes_feature_store(world: Any, directory: Path, progress: bool = True) -> Path:
@@ -113,7 +114,11 @@ def prepare_environment(model_cfg: Mapping[str, Any], data_cfg: Mapping[str, Any
                                  f"(or both to the same value)")
             image[key] = value
     elif image.get("source") != "features":
-        raise ValueError(f"{name} takes region features: set data.image.source=features and data.image.path")
+        pixels = ", ".join(f"model={n}" for n in MODELS.names() if MODELS.get(n).image_input == "pixels")
+        raise ValueError(f"{name} is a region family: it takes region features, and data.image.source="
+                         f"{image.get('source')} gives images; train a pixel family on them ({pixels}; init= a pre-training "
+                         "run of it, if any), or extract region features (vlkit extract-features images=DIR "
+                         "out=features.h5) and set data.image.source=features data.image.path=features.h5")
     source = build_image_source(image, world, data.get("on_error") or "raise")
     if init is None:
         config = dataclasses.replace(config, **data_sizes(cls, overrides, tokenizer, source))

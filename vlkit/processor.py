@@ -19,7 +19,11 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from vlkit.data.tokenizers import TOKENIZER_DIR
+from vlkit.runs import RUN_INFO, read_recorded_path, read_recorded_paths, record_path, record_paths, run_data, \
+    write_record
 from vlkit.types import VLBatch
+from vlkit.validate import IMAGE_SUFFIXES, DataError, image_folder
 
 PROCESSOR_NAME = "processor.json"
 
@@ -67,8 +71,6 @@ class VLProcessor:
 
     def image_id(self, image: str | os.PathLike) -> str:
         """The id of an image given by file name (``cat.png``, ``sub/cat.jpg``) or by id (``cat``)."""
-        from vlkit.validate import IMAGE_SUFFIXES
-
         path = Path(image)
         return path.stem if path.suffix.lower() in IMAGE_SUFFIXES else str(image)
 
@@ -93,30 +95,38 @@ class VLProcessor:
         return self.collator([pairs[k] for k in range(len(pairs))])
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
-        """Write ``processor.json`` (its data config, and the arguments it was built with) and the tokenizer
+        """Write ``processor.json`` (its data config, and the arguments it was built with, their paths as
+        `vlkit.runs.record_paths` records them; the cache it used is the user's, not recorded) and the tokenizer
         (``tokenizer/``) into ``directory``, beside a model's weights."""
         from vlkit.data.tokenizers import save_tokenizer
-        from vlkit.io import atomic_write_text
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         save_tokenizer(self.tokenizer, directory)
-        data = {k: v for k, v in self.environment.data.items() if k != "tokenizer"}
-        record = {"family": self.family, "preset": self.preset, "tokenizer": "tokenizer", "data": data,
-                  "build": self.build}
-        atomic_write_text(directory / PROCESSOR_NAME, json.dumps(record, indent=2, sort_keys=True))
+        data = record_paths({k: v for k, v in self.environment.data.items() if k != "tokenizer"}, directory)
+        build = None
+        if self.build is not None:
+            build = {k: v for k, v in self.build.items() if k != "cache_dir"}
+            build.update({k: record_path(build[k], directory) for k in ("images", "weights") if build.get(k)})
+        write_record(directory / PROCESSOR_NAME, {"family": self.family, "preset": self.preset,
+                                                  "tokenizer": TOKENIZER_DIR, "data": data, "build": build})
         return directory
 
     @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike) -> "VLProcessor":
+    def from_pretrained(cls, directory: str | os.PathLike, images: str | os.PathLike | None = None,
+                        cache_dir: str | os.PathLike | None = None) -> "VLProcessor":
         """The processor `save_pretrained` wrote into ``directory`` (a model directory or a run's ``model/``), or
-        that of a run of the commands (``run.json``: its tokenizer and images). Nothing is downloaded."""
+        that of a run of the commands (``run.json``: its tokenizer and images). Nothing is downloaded. The recorded
+        paths are read by `vlkit.runs`' rule: inside the folder, in the user's cache, or recorded by this user's
+        vlkit; ``images``: the image folder or feature store to read instead of the recorded one (a model from
+        someone else's folder needs it); ``cache_dir``: the cache for features extracted again (default
+        ``$VLKIT_CACHE`` or ~/.cache/vlkit; a recorded one is never used)."""
         directory = Path(directory)
         for folder in (directory, directory / "model"):
             if (folder / PROCESSOR_NAME).is_file():
-                return _read(folder / PROCESSOR_NAME)
-        if (directory / "run.json").is_file() or (directory.parent / "run.json").is_file():
-            return _from_run(directory if (directory / "run.json").is_file() else directory.parent)
+                return _read(folder / PROCESSOR_NAME, images, cache_dir)
+        if (directory / RUN_INFO).is_file() or (directory.parent / RUN_INFO).is_file():
+            return _from_run(directory if (directory / RUN_INFO).is_file() else directory.parent, images, cache_dir)
         raise FileNotFoundError(f"{directory} holds no {PROCESSOR_NAME} and no run.json: save a model built with "
                                 "processor= (model.save_pretrained) or give the output_dir of a run")
 
@@ -158,7 +168,7 @@ def build_processor(family: str, tokenizer: str | os.PathLike | None = None, ima
         raise ValueError("build_processor: images= names a folder of image files or a feature store (.h5)")
     build = {"images": _absolute(images), "max_len": max_len, "detector": detector, "weights": _absolute(weights),
              "image": dict(image or {}), "cache_dir": _absolute(cache_dir)}
-    block = {**_image_block(cls.image_input, Path(images), detector, weights, cache_dir), **dict(image or {})}
+    block = {**_image_block(cls.image_input, Path(build["images"]), detector, weights, cache_dir), **dict(image or {})}
     data = {"name": None, "tokenizer": None if tokenizer is None else str(tokenizer), "max_len": max_len,
             "on_error": "raise", "image": block}
     env = prepare_environment({"name": name, "preset": preset or named_preset}, data, build["cache_dir"],
@@ -172,13 +182,13 @@ def _absolute(path: str | os.PathLike | None) -> str | None:
 
 def _image_block(image_input: str, images: Path, detector: str, weights: Any, cache_dir: Any) -> dict[str, Any]:
     """The ``data.image`` block of ``images`` for a family taking ``image_input``."""
-    from vlkit.validate import image_folder
-
     if not images.exists():
         raise FileNotFoundError(f"images={images}: no such folder or feature store")
-    folder = images.is_dir() and image_folder(images).images
-    if not folder:
-        return {"source": "features", "path": str(images)}
+    if images.is_file() or (images / "index.json").is_file() or any(images.glob("*.h5")):
+        return {"source": "features", "path": str(images)}  # a feature store, one file or sharded
+    if not image_folder(images).images:
+        raise DataError(f"images={images} is a folder that holds no image files ({', '.join(IMAGE_SUFFIXES)}) and is no "
+                        "feature store (no .h5 file, no index.json): name a folder of images or a feature store")
     if image_input == "pixels":
         return {"source": "folder", "path": str(images), "transform": "clip"}
     return {"source": "features", "path": str(folder_features(images, detector, weights, cache_dir))}
@@ -207,46 +217,67 @@ def folder_features(folder: Path, detector: str = "shapes", weights: Any = None,
     return store
 
 
-def _read(path: Path) -> VLProcessor:
+def _read(path: Path, images: Any = None, cache_dir: Any = None) -> VLProcessor:
     """The processor of a ``processor.json``: built again from its arguments (a folder's features come from the
-    cache, extracted again when gone), else from its data config."""
+    user's cache, extracted again when gone), else from its data config; its paths read by `vlkit.runs`' rule, the
+    recorded ``build.cache_dir`` (older files) ignored."""
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
         family, preset, data, build = record["family"], record["preset"], record["data"], record["build"]
-        tokenizer = str(path.parent / record["tokenizer"])
+        tokenizer = read_recorded_path(str(record["tokenizer"]), path, "tokenizer", "a model folder holding its "
+                                       "tokenizer/ (save it again with model.save_pretrained)")
+        if not (build is None or isinstance(build, dict)) or not isinstance(data, dict):
+            raise TypeError("data must be an object, build an object or null")
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
         raise ValueError(f"{path}: not a vlkit processor ({type(err).__name__}: {err})") from err
     if build is not None:
+        build = {**build, "cache_dir": cache_dir}
+        build["images"] = images if images is not None else read_recorded_path(
+            str(build.get("images")), path, "build.images", "images= (load_model_and_processor(folder, images=...))",
+            cache_dir)
+        if build.get("weights"):
+            build["weights"] = read_recorded_path(str(build["weights"]), path, "build.weights", "weights= to "
+                                                  "build_processor", cache_dir)
         return build_processor(family, tokenizer=tokenizer, preset=preset, **build)
-    return _from_data({"name": family, "preset": preset}, {**data, "tokenizer": tokenizer})
+    data = read_recorded_paths(data, path, {"data.image.path": images}, cache_dir, _PASSED)
+    return _from_data({"name": family, "preset": preset}, {**data, "tokenizer": tokenizer}, cache_dir=cache_dir)
 
 
-def _from_data(model_cfg: Mapping[str, Any], data: Mapping[str, Any], init: Any = None) -> VLProcessor:
+def _from_data(model_cfg: Mapping[str, Any], data: Mapping[str, Any], init: Any = None,
+               cache_dir: Any = None) -> VLProcessor:
     from vlkit.models.base import split_model_config
     from vlkit.environment import prepare_environment
 
-    env = prepare_environment(model_cfg, data, progress=False, init=init)
+    env = prepare_environment(model_cfg, data, cache_dir, progress=False, init=init)
     return VLProcessor(split_model_config(model_cfg)[0], env)
 
 
-def _from_run(directory: Path) -> VLProcessor:
-    """The processor of a run's recorded data (its tokenizer folder, ``data.max_len`` and ``data.image``)."""
+def _from_run(directory: Path, images: Any = None, cache_dir: Any = None) -> VLProcessor:
+    """The processor of a run's recorded data (its tokenizer folder, ``data.max_len`` and ``data.image``, its paths
+    read by `vlkit.runs`' rule)."""
     from vlkit.data.tokenizers import run_tokenizer
-    from vlkit.runs import read_run_info
     from vlkit.train.preflight import read_init
 
-    data = read_run_info(directory)["data"]
+    data = run_data(directory, {"data.image.path": images}, cache_dir, _PASSED)
     _, model_cfg = read_init(directory)
-    return _from_data(model_cfg, {**data, "tokenizer": run_tokenizer(directory) or data.get("tokenizer")}, directory)
+    return _from_data(model_cfg, {**data, "tokenizer": run_tokenizer(directory) or data.get("tokenizer")}, directory,
+                      cache_dir)
 
 
-def load_model_and_processor(directory: str | os.PathLike) -> tuple[Any, VLProcessor]:
+# how a caller of `load_model_and_processor` passes a recorded path again
+_PASSED = {"data.image.path": "images= (load_model_and_processor(folder, images=...))"}
+
+
+def load_model_and_processor(directory: str | os.PathLike, images: str | os.PathLike | None = None,
+                             cache_dir: str | os.PathLike | None = None) -> tuple[Any, VLProcessor]:
     """(model, processor) of a directory `save_pretrained` wrote for a model built with ``processor=``, or of a
-    run's output_dir; the model keeps its processor (``model.processor``), so saving it again writes both."""
+    run's output_dir; the model keeps its processor (``model.processor``), so saving it again writes both.
+    ``images`` and ``cache_dir``: as `VLProcessor.from_pretrained` takes them (a model folder from someone else
+    never chooses what vlkit reads outside it or where it writes)."""
     from vlkit.models.base import from_pretrained
 
     model = from_pretrained(directory)
-    model.processor = VLProcessor.from_pretrained(directory)
+    model.processor = VLProcessor.from_pretrained(directory, images, cache_dir)
     return model, model.processor
 
 

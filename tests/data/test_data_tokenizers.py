@@ -95,6 +95,24 @@ def test_folder_without_tokenizer_files_lists_what_it_holds(tmp_path):
         build_tokenizer(None)
 
 
+@pytest.mark.parametrize("given, near", [("toks/bert-vocb", "toks/bert-vocab"), ("bert-vocb", "bert-vocab"),
+                                         ("toks/other", None)])
+def test_a_misspelt_folder_is_a_missing_folder_not_an_unreachable_hub(tmp_path, no_hub_cache, monkeypatch, given,
+                                                                       near):
+    """A name that is neither a folder nor cached, but whose parent is a local folder or that is close to a tokenizer
+    folder beside it, is reported as a missing folder (its path, the close names), whether or not the hub answers."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: the hub does not answer
+    monkeypatch.chdir(tmp_path)
+    for folder in (tmp_path / "toks" / "bert-vocab", tmp_path / "bert-vocab"):
+        folder.mkdir(parents=True)
+        (folder / "vocab.txt").write_text("\n".join(SPECIAL + ["a"]) + "\n")
+    with pytest.raises(TokenizerError) as err:
+        build_tokenizer(given)
+    text = str(err.value)
+    assert f"data.tokenizer={given}: no such folder {tmp_path / given}" in text and "hub does not answer" not in text
+    assert (f"(did you mean data.tokenizer={near}?)" in text) == (near is not None)
+
+
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 

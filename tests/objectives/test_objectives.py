@@ -35,11 +35,10 @@ def test_objectives_are_registered():
 @pytest.mark.parametrize("name,family", [(n, f) for n, fams in COMPATIBLE.items() for f in fams])
 def test_objective_loss_is_finite_and_backpropagates(name, family, build_tiny):
     model = build_tiny(family).train()
-    options = {"ratio": 1}
     if name == "wra":
         mix = {"sampling": "sum", "objectives": {"itm": {"wra": {"weight": 0.1}}}}
     else:
-        mix = {"sampling": "sum", "objectives": {name: options}}
+        mix = {"sampling": "sum", "objectives": {name: {}}}  # a summed mix takes no ratio
     pre = Pretraining(model, mix)
     out = pre(model.example_batch(batch_size=4), step=0)
     assert torch.isfinite(out.loss) and out.metrics[f"objective/{name}"] == 1.0

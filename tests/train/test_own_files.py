@@ -99,3 +99,56 @@ def test_the_unknown_rate_of_pre_training_captions(own, tmp_path):
     with pytest.raises(PreflightError, match=r"data.max_unk_rate=2 must be a number from 0 to 1"):
         main([*args, "data.max_unk_rate=2"])
     assert main([*args, "data.max_unk_rate=1"]) == 0
+
+
+def _problem(args) -> str:
+    """The message of a command that fails (``main`` raises it in-process; the console prints it)."""
+    with pytest.raises(Exception) as err:
+        main(args)
+    return str(err.value)
+
+
+def test_a_wrong_image_id_format_says_every_image_is_missing_and_which_format_finds_them(own, tmp_path):
+    args = [a.replace("img_{}", "shape_{}") for a in _args(own, tmp_path / "ft")]
+    err = _problem(["finetune", *args])
+    assert "vqa train data: 4 example(s) name 4 image(s) missing from the image folder" in err and "(100% of its 4" in err
+    assert "asks for 'shape_0' (in a folder: a file shape_0.jpg" in err and "holds 'img_0', 'img_1', 'img_2'" in err
+    assert "the data's ids follow image_id_format 'shape_{}', the image folder's 'img_{}'" in err
+    assert "image_id_format 'img_{}' finds 4 of these 4 images" in err
+    assert "on_error=skip" not in err  # leaving every example out is no advice
+    assert not (tmp_path / "ft" / "checkpoints").exists()
+
+
+def test_id_patterns_read_zero_padded_numbers():
+    from vlkit.data.images import id_mismatch, id_pattern
+
+    assert id_pattern("COCO_train2014_000000000009") == "COCO_train2014_{:012d}" and id_pattern("shape_3") == "shape_{}"
+    assert id_pattern("cat") is None
+    held = {"COCO_val2014_000000000001", "COCO_val2014_000000000002"}
+    assert id_mismatch(["1", "2", "7"], held, "feature store").endswith(
+        "the feature store's 'COCO_val2014_{:012d}': image_id_format 'COCO_val2014_{:012d}' finds 2 of these 3 images")
+
+
+def test_a_set_without_a_validation_split_is_refused_first_naming_the_fix(own, tmp_path):
+    args = [a for a in _args(own, tmp_path / "ft") if not a.startswith("task.files.val=")]
+    err = _problem(["finetune", *args])
+    assert "task vqa has no 'val' split to evaluate (split= / eval_splits, default [val]); it has none" in err
+    assert "task.files.val={questions: FILE, annotations: FILE, image_id_format: 'img_{}'}" in err
+    assert "evaluate none (eval_splits=[])" in err and "before step 1" in err
+    assert main(["finetune", *args, "eval_splits=[]"]) == 0  # the fix it names works
+    assert json.loads((tmp_path / "ft" / "run.json").read_text())["metrics"] == {}
+    # evaluating the test split without its files says which key gives them
+    err = _problem(["evaluate", f"checkpoint={tmp_path / 'ft'}", "split=test"])
+    assert "task vqa has no 'test' split to evaluate" in err and "give its files, task.files.test=" in err
+
+
+def test_a_region_family_on_an_image_folder_suggests_a_pixel_family(own, tmp_path):
+    args = [a for a in _args(own, tmp_path / "ft") if a != "model=meter"]  # no model=, no init=: UNITER
+    err = _problem(["finetune", *args])
+    assert "uniter is a region family" in err and "data.image.source=folder gives images" in err
+    assert "model=meter" in err and "vlkit extract-features" in err
+    # the image folder given as a feature store (data.image.source left at features) is said to be one
+    args = [a for a in args if a != "data.image.source=folder"]
+    err = _problem(["finetune", *args])
+    assert f"data.image.path={own / 'images'} is a folder of images (img_" in err and "not a feature store" in err
+    assert "merge-features" not in err and "model=meter" in err

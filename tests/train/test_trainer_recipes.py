@@ -1,5 +1,6 @@
 """Issue 43: the from-scratch recipe for tiny models is a trainer preset (``trainer=scratch_tiny``), the one the
-default comparison fine-tunes with."""
+default comparison fine-tunes with; issue 52: its pre-training recipe (``trainer=pretrain_tiny_scratch``) is the one
+the default comparison pre-trains with."""
 import dataclasses
 
 from vlkit.cli import compose
@@ -26,3 +27,12 @@ def test_the_default_comparison_fine_tunes_with_scratch_tiny():
         assert trainer["finetune"] == RECIPE and list(trainer["finetune"]) == list(RECIPE)
     smoke = resolve_config(compose("compare", ["compare=smoke"]))["compare"]["trainer"]["finetune"]
     assert smoke == {"lr": 5.0e-4}  # a comparison of its own keeps its own
+
+
+def test_pretrain_tiny_scratch_is_the_default_trainer_at_the_comparisons_pretraining_rate():
+    cfg = compose("pretrain", ["trainer=pretrain_tiny_scratch", "trainer.max_steps=7"])
+    expected = dataclasses.replace(TrainerConfig(), output_dir="outputs/pretrain", max_steps=7, lr=2.0e-3)
+    assert trainer_config(cfg) == expected
+    for name in ("default", "claims", "masking"):  # the records of the comparisons stay bit-identical
+        assert resolve_config(compose("compare", [f"compare={name}"]))["compare"]["trainer"]["pretrain"] == {"lr": 2.0e-3}
+    assert resolve_config(compose("compare", ["compare=smoke"]))["compare"]["trainer"]["pretrain"] == {"lr": 1.0e-3}

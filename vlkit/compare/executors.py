@@ -12,6 +12,7 @@ finished, at most ``slots`` at a time; the dependents of a failed unit are skipp
 """
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import subprocess
@@ -74,6 +75,35 @@ def outcome_on_disk(plan_path: str, key: str, otherwise: str) -> dict[str, Any]:
     return {"unit": key, "state": "died", "error": otherwise}
 
 
+def unguarded_script() -> tuple[str, int] | None:
+    """(file, line) of the script whose top level runs this call outside ``if __name__ == "__main__":``, else None.
+    A spawned worker starts by importing the script that started the comparison (``__main__``) again: a call at its
+    top level would run again in every worker, each starting a comparison of its own."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    frame = sys._getframe()
+    while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals is vars(main)):
+        frame = frame.f_back
+    if not path or frame is None:  # an interactive session, or a call made after the script's top level ran
+        return None
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    line = frame.f_lineno
+    guarded = any(isinstance(node, ast.If) and _is_main_test(node.test) and node.lineno <= line <= node.end_lineno
+                  for node in tree.body)
+    return None if guarded else (path, line)
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    """Whether ``test`` is ``__name__ == "__main__"`` (either way round)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = {ast.dump(test.left), ast.dump(test.comparators[0])}
+    return sides == {ast.dump(ast.Name("__name__", ast.Load())), ast.dump(ast.Constant("__main__"))}
+
+
 def accelerate_launch(processes: int, devices: str) -> list[str]:
     """The command that runs one unit as ``processes`` Accelerate processes on ``devices``."""
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
@@ -102,6 +132,13 @@ class LocalExecutor(Executor):
         g = settings.gpus_per_unit
         if g > 0 and len(visible_gpus()) < g:
             raise ValueError(f"compare.gpus_per_unit={g}, but this machine shows {len(visible_gpus())} GPU(s)")
+        script = unguarded_script()
+        if script is not None:
+            raise RuntimeError(
+                f"compare: {script[0]} starts the comparison at its top level (line {script[1]}), outside "
+                "`if __name__ == \"__main__\":`. Its worker processes start by importing that script again, so each "
+                "would start the comparison anew: put the call under the idiom,\n\n    if __name__ == \"__main__\":\n"
+                "        vlkit.compare(...)\n\nand run the script again (nothing was written)")
 
     @classmethod
     def planned_slots(cls, settings: ExecutorSettings) -> int:

@@ -105,7 +105,10 @@ def drive(units: list[str], depends: dict[str, str | None], executor: Any, retri
 
 
 def _ended(progress: Progress, comparison: Comparison, unit: Any, state: str, note: str, unit_hash: str) -> None:
-    result = UnitFolder(comparison.unit_dir(unit), comparison.key(unit)).finished(unit_hash) if state == "finished" else None
+    folder = UnitFolder(comparison.unit_dir(unit), comparison.key(unit))
+    result = folder.finished(unit_hash) if state == "finished" else None
+    if state in ("died", "retrying"):  # units.md and a resumed comparison say why (the executor's reason)
+        folder.died(unit_hash, note)
     if state == "retrying":  # its process died: it runs again and stays among the remaining units
         comparison.say(f"{comparison.key(unit)} died ({note})")
         return

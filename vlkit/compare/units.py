@@ -2,7 +2,8 @@
 
 A unit is one pre-training, or one fine-tuning of one variant (``pretrained`` / ``scratch``) on one task.
 Each has its own folder ``<output_dir>/runs/<run>/seed<S>/<stage>`` (the trainer's output_dir) holding
-``unit.json``: its state (``running``, ``finished``, ``failed``), the hash of its resolved configuration,
+``unit.json``: its state (``running``, ``finished``, ``failed``, ``died``: its process was lost, the executor's
+reason recorded), the hash of its resolved configuration,
 and, once finished, its result (metrics, costs, data digests, ids seen); a failed unit also leaves
 ``traceback.txt``; every attempt appends to ``unit.log``. Files are replaced atomically, so a reader (the
 report, a resumed comparison) never sees half a state.
@@ -192,6 +193,18 @@ class UnitFolder:
         self._write({"unit": self.key, "state": "failed", "hash": unit_hash, "config": config, "attempt": attempt,
                      "ended": ended, "error": f"{type(error).__name__}: {error}", "traceback": TRACEBACK_FILE,
                      "attempts": attempts})
+
+    def died(self, unit_hash: str, error: str) -> None:
+        """Record that the unit's process died (``error``: why, as its executor tells), so that ``units.md`` and a
+        resumed comparison say it: its running attempt ends at its last heartbeat; a unit whose process died before
+        it could start gets a record of its own (no attempt). A unit that finished or failed keeps its record."""
+        state = self.read() or {}
+        if state.get("state") in ("finished", "failed") and state.get("hash") == unit_hash:
+            return
+        attempts = [close_attempt(a, self.last_seen()) for a in state.get("attempts", [])]
+        self._write({**{k: v for k, v in state.items() if k not in ("result", "result_digest")}, "unit": self.key,
+                     "state": "died", "hash": unit_hash, "attempt": int(state.get("attempt", 0)), "ended": time.time(),
+                     "error": error, "attempts": attempts})
 
 
 def close_attempt(attempt: dict[str, Any], last_seen: float | None) -> dict[str, Any]:

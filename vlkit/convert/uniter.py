@@ -101,7 +101,7 @@ class UniterConverter(OfficialConverter):
                                               ("mrc_kl", "region_classifier.net.3.weight"),
                                               ("itm", "itm_output.weight")) if key in state]
             # one region_classifier serves MRC and MRC-kl: mrc (not drawn by the all-data mix) shares mrc_kl's head
-            mix = pretraining_mix(model, present, extra={"mrc": {"ratio": 0.0, "weight": 0.0}},
+            mix = pretraining_mix(model, present, extra={"mrc": {"ratio": 0.0}},
                                   options={"mrc": {"share_head": "mrc_kl"}})
             return build_pretraining(model, mix)
         if kind in ("vqa", "snli_ve"):

@@ -4,11 +4,14 @@ source a data config names (`build_image_source`). Bad images follow ``data.on_e
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+import re
 import sys
+from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -181,11 +184,61 @@ def image_index(source: Any) -> tuple[set[str] | None, str]:
     return None, type(inner).__name__
 
 
+def check_store_folder(path: str | os.PathLike) -> None:
+    """A folder given as a feature store must be a sharded store (its ``index.json`` or ``.h5`` shards): a folder of
+    image files, or any other folder, is a `DataError` saying what it is and what a region family reads instead."""
+    folder = Path(path)
+    if not folder.is_dir() or (folder / "index.json").is_file() or any(folder.glob("*.h5")):
+        return  # a file, or a sharded store (its own reader checks it)
+    try:  # the first image file at most two levels down (a system folder is not walked)
+        images = next((p for p in itertools.chain(folder.glob("*"), folder.glob("*/*"))
+                       if p.suffix.lower() in IMAGE_SUFFIXES), None)
+    except OSError:
+        images = None
+    what = (f"a folder of images ({images.name} ...), not a feature store" if images is not None else
+            "a folder that is not a feature store (no index.json, no .h5 shards)")
+    raise DataError(f"data.image.path={path} is {what}: a region family reads region features extracted from images "
+                    f"(vlkit extract-features images={path} out=features.h5, then data.image.path=features.h5); a pixel "
+                    "family (model=meter) reads an image folder itself with data.image.source=folder")
+
+
+_LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")
+
+
+def id_pattern(image_id: str) -> str | None:
+    """The ``image_id_format`` an id follows around its last number (``shape_3`` -> ``shape_{}``,
+    ``COCO_train2014_000000000009`` -> ``COCO_train2014_{:012d}``); None for an id without a number."""
+    match = _LAST_NUMBER.search(image_id)
+    if match is None:
+        return None
+    digits = match.group(1)
+    field = f"{{:0{len(digits)}d}}" if len(digits) > 1 and digits.startswith("0") else "{}"
+    return image_id[:match.start()] + field + image_id[match.end():]
+
+
+def id_mismatch(wanted: Sequence[str], held: Collection[str], where: str) -> str:
+    """Why the ids ``wanted`` miss a source that holds ``held`` (``where``: its description): the ``image_id_format``
+    the wanted ids follow, the one the held ids follow, and how many wanted images the latter would find; "" when
+    the ids follow no common numbered pattern."""
+    def common(ids: Iterable[str]) -> str | None:
+        patterns = Counter(id_pattern(i) for i in ids).most_common(1)
+        return patterns[0][0] if patterns else None
+
+    ours, theirs = common(wanted), common(held)
+    if ours is None or theirs is None or ours == theirs:
+        return ""
+    numbers = [int(_LAST_NUMBER.search(i).group(1)) for i in wanted if id_pattern(i) == ours]
+    found = sum(theirs.format(n) in held for n in numbers)
+    return (f"; the data's ids follow image_id_format {ours!r}, the {where}'s {theirs!r}: image_id_format "
+            f"{theirs!r} finds {found} of these {len(wanted)} images")
+
+
 def _image_source(cfg: Mapping[str, Any], world: Any = None):
     kind = cfg.get("source", "features")
     if kind == "features":
         if not cfg.get("path"):
             raise ValueError("data.image.path must name a feature store (.h5) when data.image.source=features")
+        check_store_folder(cfg["path"])
         source = RegionSource(cfg["path"], num_bb=cfg.get("num_bb"), conf_th=cfg.get("conf_th", 0.2),
                               max_bb=cfg.get("max_bb", 100), min_bb=cfg.get("min_bb", 10),
                               global_feature=bool(cfg.get("global_feature", False)))

@@ -13,6 +13,7 @@ the hub does not answer), `build_tokenizer` fails at once with a `TokenizerError
 """
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import shutil
@@ -79,6 +80,34 @@ def save_tokenizer(tokenizer: Any, directory: str | os.PathLike) -> Path:
 
 def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or name.count("/") > 1 or Path(name).expanduser().exists()
+
+
+def _near_folders(name: str) -> list[str]:
+    """The tokenizer folders beside where ``name`` would be whose names are close to it (a misspelt folder)."""
+    path = Path(name).expanduser()
+    parent = path.parent
+    if not parent.is_dir():
+        return []
+    try:
+        folders = [p.name for p in parent.iterdir() if _has_tokenizer_files(p)]
+    except OSError:
+        return []
+    return [str(parent / close) if str(parent) != "." else close
+            for close in difflib.get_close_matches(path.name, folders, n=2, cutoff=0.6)]
+
+
+def _meant_as_folder(name: str) -> bool:
+    """Whether a name that is neither a folder nor cached is a misspelt local folder rather than a hub name: its
+    parent is a local folder (``data/tokenizr``), or a tokenizer folder of a close name is beside it."""
+    parent = Path(name).expanduser().parent
+    return (str(parent) != "." and parent.is_dir()) or bool(_near_folders(name))
+
+
+def _no_folder(name: str, key: str) -> str:
+    near = _near_folders(name)
+    hint = f" (did you mean {' or '.join(f'{key}={n}' for n in near)}?)" if near else ""
+    return (f"{key}={name}: no such folder {Path(name).expanduser().absolute()}{hint}; {key} takes a folder holding "
+            f"{FILES_HELP}, a vocab.txt file, or a hub name")
 
 
 def _offline() -> bool:
@@ -164,7 +193,7 @@ def build_tokenizer(name: str | os.PathLike | None, key: str = "data.tokenizer")
         if folder.is_file() and folder.suffix == ".txt":
             return vocabulary_tokenizer(folder, key)
         if not folder.is_dir():
-            raise TokenizerError(f"{key}={name}: no such folder; {_help(name, key)}")
+            raise TokenizerError(_no_folder(name, key))
         if not _has_tokenizer_files(folder):
             found = ", ".join(sorted(p.name for p in folder.iterdir())[:8]) or "nothing"
             raise TokenizerError(f"{key}={name}: the folder holds no tokenizer files (found {found}); it needs "
@@ -175,6 +204,8 @@ def build_tokenizer(name: str | os.PathLike | None, key: str = "data.tokenizer")
         return _load(str(folder), key, local_only=True)
     if _cached(name):
         return _load(name, key, local_only=True)
+    if _meant_as_folder(name):
+        raise TokenizerError(_no_folder(name, key))
     if _offline() or not _hub_reachable():
         why = "offline mode (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE) is set" if _offline() else "the hub does not answer"
         raise TokenizerError(f"{key}={name}: the tokenizer is not in the local hub cache and {why}, so it cannot be "

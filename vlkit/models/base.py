@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import difflib
 import inspect
 import json
 from collections.abc import Mapping
@@ -403,13 +404,31 @@ def build_model(name_or_cfg: Any, preset: str | None = None, pretrained: str | N
 
 def model_name(name: str) -> tuple[str, str | None]:
     """(family, preset or None) of a model name: a family (``uniter``), or a preset as `list_presets` names it
-    (``uniter/tiny``) or as ``model=`` does (``uniter_tiny``). An unknown name is left for the registry to refuse."""
-    if name in MODELS.names():
+    (``uniter/tiny``) or as ``model=`` does (``uniter_tiny``). A known family with an unknown preset is refused
+    naming the family's presets (`UnknownNameError`); an unknown family is left for the registry to refuse, or, when
+    the name has a preset part, refused with the closest ``family/preset`` names."""
+    families = MODELS.names()
+    if name in families:
         return name, None
-    for family in MODELS.names():
+    named = {}
+    for family in families:
         for preset in MODELS.get(family).config_class.presets:
             if name in (f"{family}/{preset}", f"{family}_{preset}"):
                 return family, preset
+            named[f"{family}/{preset}"] = family
+    for family in sorted(families, key=len, reverse=True):  # the longest family a name starts with
+        for sep in "/_":
+            if name.startswith(family + sep):
+                preset = name[len(family) + 1:]
+                presets = list(MODELS.get(family).config_class.presets)
+                close = difflib.get_close_matches(preset, presets, n=1, cutoff=0.6)
+                hint = f" (did you mean '{family}/{close[0]}'?)" if close else ""
+                raise UnknownNameError(f"unknown model {name!r}: the family {family!r} is right but it has no preset "
+                                       f"{preset!r}{hint}; its presets: "
+                                       f"{', '.join(f'{family}/{p}' for p in presets)}")
+    if "/" in name:
+        raise UnknownNameError(f"unknown model {name!r}{did_you_mean(name, named)}; families: {', '.join(families)}, "
+                               f"presets: {', '.join(named)}")
     return name, None
 
 

@@ -33,7 +33,7 @@ from vlkit.io import config_dir
 from vlkit.models.base import VLModel
 from vlkit.objectives.base import IncompatibleObjective, Objective, PassContext, TokenInfo
 from vlkit.objectives.corruption import BASE_KEYS, Corruption, masking_options, views
-from vlkit.registry import CORRUPTIONS, OBJECTIVES, UnknownNameError
+from vlkit.registry import CORRUPTIONS, OBJECTIVES, UnknownNameError, did_you_mean
 from vlkit.types import Encoded, LossOutput, VLBatch
 
 # the modes of a mix when it names none (its views' options: `vlkit.objectives.corruption`)
@@ -75,18 +75,54 @@ def load_mix(mix: Any) -> dict[str, Any]:
     mix = unwrap(mix)
     if not isinstance(mix, Mapping):
         raise TypeError(f"an objective mix is a preset name or a mapping, not {type(mix).__name__}")
-    keys = mix_keys()
-    if mix and not set(mix) & set(keys) and set(mix) <= set(OBJECTIVES.names()):  # {objective: ratio}
+    keys, objectives = mix_keys(), OBJECTIVES.names()
+    if mix and not set(mix) & set(keys) and short_form(mix, objectives):  # {objective: ratio}
+        unknown = [name for name in mix if name not in objectives]
+        if unknown:
+            raise KeyError("objective mix: unknown objective(s) " + ", ".join(
+                f"{name!r}{did_you_mean(name, objectives)}" for name in unknown) + " in the short form {objective: ratio}; "
+                f"objectives: {', '.join(objectives)}")
         mix = {"objectives": {name: {"ratio": value} if isinstance(value, (int, float)) else value
                               for name, value in mix.items()}}
     unknown = sorted(set(mix) - set(keys))
     if unknown:
-        short = f", or the short form {{objective: ratio}} of the objectives {', '.join(OBJECTIVES.names())}"
+        short = f", or the short form {{objective: ratio}} of the objectives {', '.join(objectives)}"
         raise KeyError(f"objective mix: unknown key(s) {', '.join(unknown)}; keys: {', '.join(keys)}"
                        f"{short if not set(mix) & set(keys) else ''}")
     if not mix.get("objectives"):
         raise KeyError("objective mix: 'objectives' is empty")
+    check_unit_keys(mix)
     return dict(mix)
+
+
+def short_form(mix: Mapping[str, Any], objectives: list[str]) -> bool:
+    """Whether a mapping without mix keys is the short form ``{objective: ratio or options}``: it names a
+    registered objective, or every value is a ratio (``{"itmm": 1}`` is a misspelt objective, not a mix key)."""
+    return any(name in objectives for name in mix) or all(
+        isinstance(value, (int, float)) and not isinstance(value, bool) for value in mix.values())
+
+
+def check_unit_keys(mix: Mapping[str, Any]) -> None:
+    """Refuse a unit key that its sampling mode would ignore (`ValueError` naming the objective, the key and the
+    mode): ``ratio`` where every objective runs at every step (``sampling: sum``, ``every_step``), ``weight`` on an
+    objective drawn per batch (one objective per step: ``ratio`` says how often; a constant factor on the loss of
+    the only objective of a step is, under Adam, all but undone)."""
+    sampling, known = mix.get("sampling", DEFAULTS["sampling"]), OBJECTIVES.names()
+    for name, options in (mix.get("objectives") or {}).items():
+        if name not in known:  # an unknown objective is refused as such (`check_mix`, the preflight)
+            continue
+        options = options if isinstance(options, Mapping) else {}
+        every_step = bool(options.get("every_step", False))
+        if "ratio" in options and (sampling == "sum" or every_step):
+            where = "an every_step objective" if every_step else "a summed mix (sampling: sum)"
+            raise ValueError(f"objective mix: objectives.{name}.ratio has no effect in {where}: every objective "
+                             f"runs at every step; give {name} a weight to scale its loss, or set sampling: per_batch "
+                             "to draw one objective per step by ratio")
+        if "weight" in options and sampling == "per_batch" and not every_step:
+            raise ValueError(f"objective mix: objectives.{name}.weight is not a per-batch option (sampling: per_batch "
+                             "draws one objective per step, whose loss a constant weight only rescales, which Adam "
+                             f"all but undoes): give {name} a ratio to set how often it is drawn, set every_step: true "
+                             "to add its weighted loss at every step, or set sampling: sum to add the weighted losses")
 
 
 def mix_objectives(mix: Any) -> list[str]:

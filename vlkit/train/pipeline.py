@@ -205,7 +205,7 @@ def finetune_task(env: Environment, model: Any, task_cfg: Mapping[str, Any], tra
     check.check_tokenizer(env.tokenizer, env.data["tokenizer"], model)
     if data is None:
         data = cls.build_data(task_cfg, env.tokenizer, env.image_source, env.world)
-    check_task_data(check, name, data, model, eval_splits)
+    check_task_data(check, name, data, model, eval_splits, task_cfg)
     check_unknown_words(check, env, {f"{name} train": data.train,
                                      **{f"{name} {s}": data.eval[s] for s in eval_splits if s in data.eval}})
     run = run_record(model, env.data, _examples(data.train), task=task_cfg, seed=seed)
@@ -246,13 +246,17 @@ def check_unknown_words(check: Any, env: Environment, sets: Mapping[str, Any]) -
             check.check_unknown_words(name, dataset, env.tokenizer, env.data["tokenizer"], env.data.get("max_unk_rate"))
 
 
-def check_task_data(check: Any, name: str, data: Any, model: Any, eval_splits: tuple[str, ...]) -> None:
-    """The preflight of a task's data: its training set (sampled) and the evaluation splits (in full up to a size)."""
+def check_task_data(check: Any, name: str, data: Any, model: Any, eval_splits: tuple[str, ...],
+                    task_cfg: Mapping[str, Any] | None = None) -> None:
+    """The preflight of a task's data: its training set (sampled) and the evaluation splits (in full up to a size);
+    ``task_cfg`` (when known) tells whether a missing split is given as files (``task.files.<split>``)."""
     if data.train is not None:
         check.check_data(f"{name} train", data.train, model)
     for split in eval_splits:
         if split not in data.eval:
-            check.problem(f"task {name} has no {split!r} evaluation set (eval_splits); it has {', '.join(data.eval) or 'none'}")
+            files = (task_cfg or {}).get("files")
+            check.missing_split(name, split, list(data.eval), (files or {}).get("train"),
+                                files=task_cfg is None or files is not None)
         else:
             check.check_data(f"{name} {split}", data.eval[split], model, evaluation=True)
 

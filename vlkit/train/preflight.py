@@ -362,14 +362,48 @@ class Preflight:
         missing = [i for i, r in bad.items() if r.endswith(f"not in the {where}")]
         invalid = {i: r for i, r in bad.items() if i not in missing}
         examples = [e for e, i in culprits if i in missing]
-        hint = "" if policy == "skip" else " (data.on_error=skip leaves such examples out)"
         if missing:
-            self.problem(f"{name} data: {len(examples)} example(s) name {len(missing)} image(s) missing from the "
-                         f"{where}: images {first(missing)}; examples {first(examples)}{hint}")
+            self.problem(self._missing_images(name, missing, examples, len(set(image_ids)), index, where, policy))
         for image_id, reason in list(invalid.items())[:5]:
             self.problem(f"{name} data: {reason}")
         if len(invalid) > 5:
             self.problem(f"{name} data: {len(invalid) - 5} more invalid image(s): {first(list(invalid)[5:])}")
+
+    def missing_split(self, task: str, split: str, available: list[str], train_files: Any = None,
+                      files: bool = True) -> None:
+        """A split to evaluate that the task's data lacks: the problem says how to give it (``files``: the task reads
+        files per split, ``task.files.<split>``, shown in the form of ``train_files``) or how to evaluate another
+        split, or none."""
+        if isinstance(train_files, Mapping):
+            form = "{" + ", ".join(f"{k}: {'FILE' if k != 'image_id_format' else repr(v)}" for k, v in
+                                   train_files.items() if not (split == "test" and k == "annotations")) + "}"
+        else:
+            form = "FILE" if isinstance(train_files, str) else "<its files, as task.files.train gives them>"
+        others = [s for s in available if s != "train"]
+        give = f"give its files, task.files.{split}={form} (docs/own-dataset.md), or " if files else ""
+        choose = (f"evaluate a split it has (split={others[0]}, or eval_splits=[{', '.join(others)}]) or none "
+                  "(eval_splits=[])" if others else "evaluate none (eval_splits=[])")
+        self.problem(f"task {task} has no {split!r} split to evaluate (split= / eval_splits, default [val]); it has "
+                     f"{', '.join(available) or 'none'}: {give}{choose}")
+
+    @staticmethod
+    def _missing_images(name: str, missing: list[str], examples: list[str], images: int, index: set[str], where: str,
+                        policy: str) -> str:
+        """The problem of images missing from the source: how many (of all the data names), and when most are
+        missing, what the data asks for against what the source holds (a wrong ``image_id_format``, a wrong
+        folder), instead of advising to leave the examples out."""
+        from vlkit.data.images import id_mismatch
+
+        share = len(missing) / max(images, 1)
+        text = (f"{name} data: {len(examples)} example(s) name {len(missing)} image(s) missing from the {where} "
+                f"({share:.0%} of its {images} images): images {first(missing)}; examples {first(examples)}")
+        if share < 0.5:
+            return text + ("" if policy == "skip" else " (data.on_error=skip leaves such examples out)")
+        held, kind = sorted(index), " ".join(where.split(" ")[:2])  # "image folder" / "feature store"
+        shown = f"holds {first(held, 3)}" if held else "is empty"
+        return (f"{text}: the ids do not name what it holds. The data asks for {missing[0]!r} (in a folder: a file "
+                f"{missing[0]}.jpg, .png ...), the {kind} {shown}{id_mismatch(missing, index, kind)}; check how the ids "
+                "are formed (the task files' image_id_format) and data.image.path")
 
     # -- the trainer settings, the weights and a resumed checkpoint --------------------------------------
     def check_trainer(self, trainer_cfg: Any, output_dir: str | os.PathLike, seed: int, dataset: Any = None,
