@@ -171,14 +171,14 @@ def paper_plans() -> list[str]:
     """The papers' recipes planned in FLOPs beside the hours each paper reports: a markdown table."""
     from vlkit.cli import compose
     from vlkit.compare import Comparison, resolve_config
-    from vlkit.compare.plan import make_plan, plan_settings
+    from vlkit.compare.costs import count_costs, cost_settings
 
     lines = ["| recipe | device | steps | batch (examples / step) | planned PFLOP | paper's device-hours | implied MFU "
              "| vlkit's default MFU | planned device-hours at it |", "|---|---|---|---|---|---|---|---|---|"]
     for name, (what, reported, where) in PAPERS.items():
         cfg = resolve_config(compose("compare", [f"compare={name}"]))
         comparison = Comparison(cfg, ".", progress=False)
-        plan = make_plan(comparison, plan_settings(cfg["compare"]), int(cfg["compare"]["gpus_per_unit"]))
+        plan = count_costs(comparison, cost_settings(cfg["compare"]), int(cfg["compare"]["gpus_per_unit"]))
         row = plan.units[0]
         peak = plan.device.peak(row.precision)
         implied = f"{row.flops / (reported * 3600 * peak):.1%}" if reported else "–"

@@ -11,9 +11,9 @@ import torch
 from vlkit.cli import compose, main
 from vlkit.compare import Comparison, resolve_config
 from vlkit.compare.config import objective_mix, run_data
-from vlkit.compare.devices import DEVICES
-from vlkit.compare.flops import flop_counter_mode, plan_sizes
-from vlkit.compare.plan import make_plan, plan_settings, unit_shapes
+from vlkit.flops.devices import DEVICES
+from vlkit.flops.count import flop_counter_mode
+from vlkit.compare.costs import cost_settings, count_costs, model_sizes, unit_shapes
 from vlkit.models.base import build_model, split_model_config
 from vlkit.objectives.mix import build_pretraining
 from vlkit.registry import MODELS, TASKS
@@ -37,14 +37,14 @@ def real_flops(module, batch, **forward) -> int:
 def smoke_plan():
     cfg = resolve_config(compose("compare", SMOKE))
     comparison = Comparison(cfg, ".", progress=False)
-    return comparison, make_plan(comparison, plan_settings(cfg["compare"]))
+    return comparison, count_costs(comparison, cost_settings(cfg["compare"]))
 
 
 def _real_model(comparison, spec):
     data = run_data(comparison.cfg["data"], spec)
     name, preset, overrides = split_model_config(spec.model)
     cls = MODELS.get(name)
-    sizes = plan_sizes(cls, overrides, data, cls.config_class.from_preset(preset, **overrides))
+    sizes = model_sizes(cls, overrides, data, cls.config_class.from_preset(preset, **overrides))
     torch.manual_seed(0)
     return build_model({**spec.model, **sizes})
 
@@ -62,7 +62,7 @@ def test_a_units_flops_per_step_equal_torchs_counter_on_the_real_step(smoke_plan
     for unit in units:
         model = _real_model(comparison, spec)
         pretraining = build_pretraining(model, objective_mix(spec))
-        shapes = unit_shapes(comparison, unit, plan_settings(comparison.compare), model)
+        shapes = unit_shapes(comparison, unit, cost_settings(comparison.compare), model)
         if unit.is_pretrain:
             batch = model.example_batch(shapes.batch_size, text_len=shapes.text_len, num_regions=shapes.regions,
                                         padded=False)
@@ -86,8 +86,8 @@ def test_a_units_flops_per_step_equal_torchs_counter_on_the_real_step(smoke_plan
 def test_the_plan_counts_the_shapes_it_is_given(smoke_plan):
     """More tokens, regions and examples per step cost more; hours are FLOPs / (peak x MFU)."""
     comparison, plan = smoke_plan
-    settings = plan_settings({"plan": {"regions": 7, "text_len": 22, "device": "a100", "mfu": 0.5}})
-    longer = make_plan(comparison, settings)
+    settings = cost_settings({"plan": {"regions": 7, "text_len": 22, "device": "a100", "mfu": 0.5}})
+    longer = count_costs(comparison, settings)
     key = "uniter/seed0/pretrain"
     assert longer.by_key()[key].flops_per_step > 1.5 * plan.by_key()[key].flops_per_step
     row = longer.by_key()[key]
@@ -100,7 +100,7 @@ def test_plan_settings_are_checked_naming_the_key():
                       ({"text_len": {"vqa": 0}}, "compare.plan.text_len.vqa"), ({"regionz": 3}, "regionz"),
                       ({"precision": "int8"}, "compare.plan.precision")):
         with pytest.raises((KeyError, ValueError), match=key):
-            plan_settings({"plan": plan})
+            cost_settings({"plan": plan})
     with pytest.raises(ValueError, match="no bf16 peak"):
         DEVICES["v100"].peak("bf16")
 

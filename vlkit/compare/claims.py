@@ -112,7 +112,7 @@ def seeds_needed(entries: list[dict[str, Any]], seed_hours: dict[str, float]) ->
     """Per claim: the seeds a fixed two-sided paired t-test needs for 80% power at Holm's strictest level
     (alpha / number of claims), at the paper's effect (``paper_effect``, points) and at the observed one, both with
     the observed SD of the paired differences, and what those seeds cost: ``seed_hours`` gives each run's
-    device-hours per seed (`vlkit.compare.plan`)."""
+    device-hours per seed (`vlkit.compare.costs`)."""
     from vlkit.compare.sequential import seeds_for_power
 
     level = ALPHA / max(1, len(entries))

@@ -17,7 +17,7 @@ from vlkit.compare.claims import check_claims
 from vlkit.compare.comparison import Comparison
 from vlkit.compare.config import drop_preset_title, look_sizes_of, objective_mix, resolve_config
 from vlkit.compare.looks import replay_looks
-from vlkit.compare.plan import plan_settings
+from vlkit.compare.costs import cost_settings
 from vlkit.compare.records import collect, finished_results, unit_states
 from vlkit.compare.scheduler import run_session
 from vlkit.compare.units import PLAN_FILE, changed_keys
@@ -112,7 +112,7 @@ def main(cfg: Any, overrides: list[str] | None = None, started: float | None = N
         drop_preset_title(compare, explicit_keys(overrides))
     _check_seeds(compare.get("seeds"))
     settings = ExecutorSettings(cfg)
-    plan_settings(compare)
+    cost_settings(compare)
     heartbeat = heartbeat_s(compare)
     torch.set_num_threads(settings.threads)
     comparison = Comparison(cfg, Path(cfg.get("output_dir") or "."), progress=cfg.get("progress", True))
@@ -185,7 +185,7 @@ def report_from_folder(comparison: Comparison, session: Any = None, how: str = "
     sessions' records; the units that are not finished are listed as missing, running, failed or stale. ``session``:
     this process's `vlkit.compare.account.Session`, ended ``how`` as the report takes the account. Returns the table
     and the account's line."""
-    from vlkit.compare.account import account, spent_plan
+    from vlkit.compare.account import account, spent_costs
     from vlkit.compare.manifest import write_manifest
     from vlkit.compare.plots import plot_alignment
     from vlkit.compare.report import account_line, units_markdown, write_outputs
@@ -198,12 +198,12 @@ def report_from_folder(comparison: Comparison, session: Any = None, how: str = "
     replay_looks(comparison)
     states = unit_states(comparison)
     done = finished_results(comparison, states)
-    plan = spent_plan(comparison, done)
+    spent = spent_costs(comparison, done)
     unfinished = sum(st != "finished" for _, st, _ in states)
     if not done:
         if session is not None:
             session.end(how)
-        units = units_markdown(output_dir, states, account(comparison, plan))
+        units = units_markdown(output_dir, states, account(comparison, spent))
         atomic_write_text(output_dir / "units.md", units)
         return units
     records, audit, curves = collect(comparison, done)
@@ -220,12 +220,12 @@ def report_from_folder(comparison: Comparison, session: Any = None, how: str = "
                   if env.data["image"].get("source") == "features"), None)
     costs = None
     if cfg["compare"].get("claims"):  # what the seeds a claim needs would cost
-        from vlkit.compare.plan import seed_costs
+        from vlkit.compare.costs import seed_costs
 
-        costs = seed_costs(comparison, plan)
+        costs = seed_costs(comparison, spent)
     if session is not None:  # the account's last figure: this session's span
         session.end(how)
-    acct = account(comparison, plan)
+    acct = account(comparison, spent)
     atomic_write_text(output_dir / "units.md", units_markdown(output_dir, states, acct))
     write_manifest(output_dir, cfg, audit, store, acct, complete=len(done) == len(states))
     table = write_outputs(output_dir, cfg, records, audit, curves, acct, costs) + "\n\n" + account_line(acct)

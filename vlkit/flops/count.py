@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -217,45 +217,5 @@ def finetune_step_flops(task: Any, shapes: StepShapes, values: bool = False) -> 
     return float(step_flops(task, task.example_batch(shapes.batch_size, shapes.text_len, shapes.regions, values)))
 
 
-def plan_sizes(cls: Any, overrides: Mapping[str, Any], data: Mapping[str, Any], config: Any) -> dict[str, Any]:
-    """The model sizes the data decides (`vlkit.train.pipeline.data_sizes`), read without the data: the
-    vocabulary of a tokenizer on this machine (``shapes``, a folder, the local hub cache; else the family's
-    preset keeps its own), the feature size and classes of the shapes world's detector or of a feature store's
-    header (else the preset's)."""
-    from types import SimpleNamespace
-
-    from vlkit.data import tokenizers
-    from vlkit.train.pipeline import data_sizes
-
-    name = str(data.get("tokenizer") or tokenizers.family_tokenizer(cls, config))
-    local = tokenizers.on_this_machine(name)
-    vocab = tokenizers.build_tokenizer(name) if local else ()
-    store = _store_header(data) if cls.image_input == "regions" else None
-    sizes = data_sizes(cls, overrides, vocab, SimpleNamespace(store=store))
-    if not local:  # the preset keeps its own vocabulary
-        sizes.pop(cls.data_fields(overrides).get("vocab_size"), None)
-    return sizes
-
-
-def _store_header(data: Mapping[str, Any]) -> Any:
-    """``feature_dim`` / ``num_classes`` of the run's region features: the shapes detector's, a store's on disk, or None."""
-    from pathlib import Path
-    from types import SimpleNamespace
-
-    image = data.get("image") or {}
-    if data.get("name") == "shapes" and image.get("source", "shapes") == "shapes":
-        from vlkit.features.detector.weights import shapes_detector_config
-
-        cfg = shapes_detector_config()
-        return SimpleNamespace(feature_dim=cfg.feature_dim, num_classes=cfg.num_classes)
-    path = image.get("path")
-    if path and Path(path).is_file():
-        from vlkit.features.store import FeatureStore
-
-        with FeatureStore(path) as store:
-            return SimpleNamespace(feature_dim=store.feature_dim, num_classes=store.num_classes)
-    return None
-
-
 __all__ = ["CPU_ATTENTION", "MetaCompute", "StepShapes", "finetune_step_flops", "flop_counter_mode", "on_meta",
-           "plan_sizes", "pretrain_step_flops", "step_flops"]
+           "pretrain_step_flops", "step_flops"]

@@ -1,10 +1,10 @@
-"""A comparison's cost plan in FLOPs: each unit's training FLOPs per step counted on its own model, objective mix
-or task at its batch and sequence shapes (`vlkit.compare.flops`: on the meta device, seconds for a base-size
+"""What a comparison's units cost, in FLOPs and device-hours: each unit's training FLOPs per step counted on its own model, objective mix
+or task at its batch and sequence shapes (`vlkit.flops.count`: on the meta device, seconds for a base-size
 comparison, no data read), its steps, and the hours they take on a device at an MFU
-(`vlkit.compare.devices`): hours = FLOPs / (peak x MFU).
+(`vlkit.flops.devices`): hours = FLOPs / (peak x MFU).
 
 ``compare.plan`` (conf/compare.yaml) sets the device, the MFU, the precision and the shapes; the report uses the
-same plan to price the seeds a claim still needs (`vlkit.compare.report`).
+same costs to price the seeds a claim still needs (`vlkit.compare.report`).
 """
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import copy
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
-from vlkit.compare.devices import DEVICES, PRECISIONS, TRAINER_PRECISION, Device, cpu_device, gpu_device
-from vlkit.compare.flops import StepShapes
+from vlkit.flops.count import StepShapes
+from vlkit.flops.devices import DEVICES, PRECISIONS, TRAINER_PRECISION, Device, choose_device, cpu_device
 
 
 @dataclass
-class UnitPlan:
+class UnitCost:
     unit: Any
     key: str
     steps: int
@@ -27,7 +27,7 @@ class UnitPlan:
     shapes: StepShapes
     precision: str
     devices: int  # devices the unit holds (GPUs x nodes; a CPU unit: 1)
-    hours: float = 0.0  # device-hours at the plan's MFU
+    hours: float = 0.0  # device-hours at the MFU priced at
 
     @property
     def flops(self) -> float:
@@ -39,8 +39,8 @@ class UnitPlan:
 
 
 @dataclass
-class Plan:
-    units: list[UnitPlan]
+class Costs:
+    units: list[UnitCost]
     device: Device
     mfu: float
     mfu_source: str
@@ -53,11 +53,11 @@ class Plan:
     def flops(self) -> float:
         return sum(u.flops for u in self.units)
 
-    def by_key(self) -> dict[str, UnitPlan]:
+    def by_key(self) -> dict[str, UnitCost]:
         return {u.key: u for u in self.units}
 
 
-def plan_settings(compare: dict[str, Any]) -> dict[str, Any]:
+def cost_settings(compare: dict[str, Any]) -> dict[str, Any]:
     """``compare.plan`` with its defaults, checked before any work (an unknown device or key names itself)."""
     settings = {"method": "flops", "device": None, "mfu": None, "precision": None, "text_len": None, "regions": None,
                 **(compare.get("plan") or {})}
@@ -83,17 +83,9 @@ def plan_settings(compare: dict[str, Any]) -> dict[str, Any]:
     return settings
 
 
-def plan_device(settings: dict[str, Any], gpus_per_unit: int, threads: int, precisions: tuple[str, ...]) -> Device:
-    """The plan's device: ``compare.plan.device``; unset, this machine's CPU when units take no GPU, else the
-    visible GPU when the table knows it, else the A100."""
-    name = settings["device"]
-    if name is None:
-        name = "cpu"
-        if gpus_per_unit:
-            import torch
-
-            visible = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
-            name = gpu_device(visible) or "a100"
+def cost_device(settings: dict[str, Any], gpus_per_unit: int, threads: int, precisions: tuple[str, ...]) -> Device:
+    """The device priced on (`vlkit.flops.devices.choose_device`); this machine's CPU measured on ``threads``."""
+    name = choose_device(settings["device"], gpus_per_unit)
     return cpu_device(threads, precisions) if name == "cpu" else DEVICES[name]
 
 
@@ -122,13 +114,13 @@ def unit_shapes(comparison: Any, unit: Any, settings: dict[str, Any], model: Any
     return StepShapes(batch * int(trainer.get("grad_accum") or 1), text_len, regions)
 
 
-def make_plan(comparison: Any, settings: dict[str, Any], gpus_per_unit: int = 0, threads: int = 1,
-              slurm_nodes: int = 1, counted: dict[str, float] | None = None) -> Plan:
+def count_costs(comparison: Any, settings: dict[str, Any], gpus_per_unit: int = 0, threads: int = 1,
+              slurm_nodes: int = 1, counted: dict[str, float] | None = None) -> Costs:
     """Every unit of ``comparison`` with its FLOPs per step, steps and device-hours. Each distinct model, mix or
-    task at each shape is counted once (``counted``: what earlier plans counted, by the sha256 of what was counted;
+    task at each shape is counted once (``counted``: what earlier counts counted, by the sha256 of what was counted;
     the counts are added to it); models are built on the meta device."""
     from vlkit.compare.config import objective_mix, run_data
-    from vlkit.compare.flops import finetune_step_flops, on_meta, plan_sizes, pretrain_step_flops
+    from vlkit.flops.count import finetune_step_flops, on_meta, pretrain_step_flops
     from vlkit.models.base import build_model, split_model_config
     from vlkit.objectives.mix import build_pretraining
     from vlkit.registry import MODELS, TASKS
@@ -137,7 +129,7 @@ def make_plan(comparison: Any, settings: dict[str, Any], gpus_per_unit: int = 0,
     units = comparison.all_units()
     models: dict[str, Any] = {}
     counted = {} if counted is None else counted
-    rows: list[UnitPlan] = []
+    rows: list[UnitCost] = []
     for unit in units:
         spec = comparison.specs[unit.run]
         data = run_data(comparison.cfg["data"], spec)
@@ -146,7 +138,7 @@ def make_plan(comparison: Any, settings: dict[str, Any], gpus_per_unit: int = 0,
             name, preset, overrides = split_model_config(spec.model)
             cls = MODELS.get(name)
             config = cls.config_class.from_preset(preset, **overrides)
-            sizes = plan_sizes(cls, overrides, data, config)
+            sizes = model_sizes(cls, overrides, data, config)
             models[model_key] = on_meta(lambda: build_model({**spec.model, **sizes}))
         model = models[model_key]
         shapes = unit_shapes(comparison, unit, settings, model)
@@ -169,36 +161,76 @@ def make_plan(comparison: Any, settings: dict[str, Any], gpus_per_unit: int = 0,
         trainer = comparison.unit_trainer(unit)
         precision = settings["precision"] or TRAINER_PRECISION.get(str(trainer.get("mixed_precision") or "no"), "fp32")
         devices = max(1, gpus_per_unit) * slurm_nodes if gpus_per_unit else 1
-        rows.append(UnitPlan(unit, comparison.key(unit), comparison.unit_steps(unit), counted[kind], shapes, precision,
+        rows.append(UnitCost(unit, comparison.key(unit), comparison.unit_steps(unit), counted[kind], shapes, precision,
                              devices))
-    device = plan_device(settings, gpus_per_unit, threads, tuple(dict.fromkeys(r.precision for r in rows)))
+    device = cost_device(settings, gpus_per_unit, threads, tuple(dict.fromkeys(r.precision for r in rows)))
     mfu = float(settings["mfu"] or device.mfu)
     source = "compare.plan.mfu" if settings["mfu"] else device.mfu_source
     for row in rows:
         row.hours = row.flops / (device.peak(row.precision) * mfu) / 3600
-    return Plan(rows, device, mfu, source)
+    return Costs(rows, device, mfu, source)
 
 
-def seed_costs(comparison: Any, made: Plan | None = None) -> dict[str, Any]:
-    """What one more seed of each run costs on the plan's device (``compare.plan``): device-hours per run, the mean
-    over its seeds of its units' hours; with the device and MFU they assume. ``made``: a plan of the comparison
-    already made, used when it is on that device."""
+def model_sizes(cls: Any, overrides: Mapping[str, Any], data: Mapping[str, Any], config: Any) -> dict[str, Any]:
+    """The model sizes the data decides (`vlkit.train.pipeline.data_sizes`), read without the data: the
+    vocabulary of a tokenizer on this machine (``shapes``, a folder, the local hub cache; else the family's
+    preset keeps its own), the feature size and classes of the shapes world's detector or of a feature store's
+    header (else the preset's)."""
+    from types import SimpleNamespace
+
+    from vlkit.data import tokenizers
+    from vlkit.train.pipeline import data_sizes
+
+    name = str(data.get("tokenizer") or tokenizers.family_tokenizer(cls, config))
+    local = tokenizers.on_this_machine(name)
+    vocab = tokenizers.build_tokenizer(name) if local else ()
+    store = _store_header(data) if cls.image_input == "regions" else None
+    sizes = data_sizes(cls, overrides, vocab, SimpleNamespace(store=store))
+    if not local:  # the preset keeps its own vocabulary
+        sizes.pop(cls.data_fields(overrides).get("vocab_size"), None)
+    return sizes
+
+
+def _store_header(data: Mapping[str, Any]) -> Any:
+    """``feature_dim`` / ``num_classes`` of the run's region features: the shapes detector's, a store's on disk, or None."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    image = data.get("image") or {}
+    if data.get("name") == "shapes" and image.get("source", "shapes") == "shapes":
+        from vlkit.features.detector.weights import shapes_detector_config
+
+        cfg = shapes_detector_config()
+        return SimpleNamespace(feature_dim=cfg.feature_dim, num_classes=cfg.num_classes)
+    path = image.get("path")
+    if path and Path(path).is_file():
+        from vlkit.features.store import FeatureStore
+
+        with FeatureStore(path) as store:
+            return SimpleNamespace(feature_dim=store.feature_dim, num_classes=store.num_classes)
+    return None
+
+
+def seed_costs(comparison: Any, made: Costs | None = None) -> dict[str, Any]:
+    """What one more seed of each run costs on the priced device (``compare.plan``): device-hours per run, the mean
+    over its seeds of its units' hours; with the device and MFU they assume. ``made``: the comparison's costs
+    already counted, used when they are on that device."""
     from vlkit.compare.config import unit_threads
     from vlkit.compare.executor_base import unit_nodes
 
     compare = comparison.compare
     gpus = int(compare.get("gpus_per_unit") or 0)
-    settings = plan_settings(compare)
-    wanted = settings["device"] or ("cpu" if not gpus else None)
-    plan = made if made is not None and wanted == made.device.name else \
-        make_plan(comparison, settings, gpus, unit_threads(comparison.cfg),
+    settings = cost_settings(compare)
+    wanted = choose_device(settings["device"], gpus)
+    costs = made if made is not None and wanted == made.device.name else \
+        count_costs(comparison, settings, gpus, unit_threads(comparison.cfg),
                   unit_nodes(compare))
     hours: dict[str, dict[int, float]] = {}
-    for row in plan.units:
+    for row in costs.units:
         per_seed = hours.setdefault(comparison.specs[row.unit.run].name, {})
         per_seed[row.unit.seed] = per_seed.get(row.unit.seed, 0.0) + row.hours
-    return {"device": plan.device.name, "mfu": plan.mfu, "mfu_source": plan.mfu_source,
+    return {"device": costs.device.name, "mfu": costs.mfu, "mfu_source": costs.mfu_source,
             "seed_hours": {run: sum(v.values()) / len(v) for run, v in hours.items()}}
 
 
-__all__ = ["Plan", "UnitPlan", "make_plan", "plan_device", "plan_settings", "seed_costs", "unit_shapes"]
+__all__ = ["Costs", "UnitCost", "cost_device", "cost_settings", "count_costs", "model_sizes", "seed_costs", "unit_shapes"]
