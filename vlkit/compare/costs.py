@@ -14,8 +14,12 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from torch import nn
+
+from vlkit.flops.buckets import Spread, stated_buckets
 from vlkit.flops.count import StepShapes
 from vlkit.flops.devices import DEVICES, PRECISIONS, TRAINER_PRECISION, Device, choose_device, cpu_device
+from vlkit.registry import TASKS, did_you_mean
 
 
 @dataclass
@@ -57,14 +61,16 @@ class Costs:
         return {u.key: u for u in self.units}
 
 
+PLAN_KEYS = ("method", "device", "mfu", "precision", "text_len", "regions", "lengths")  # compare.plan's
+SPREAD = ("mean", "sd", "min", "max")  # a stated length: compare.plan.lengths.<data>.text / .regions
+
+
 def cost_settings(compare: dict[str, Any]) -> dict[str, Any]:
-    """``compare.plan`` with its defaults, checked before any work (an unknown device or key names itself)."""
-    settings = {"method": "flops", "device": None, "mfu": None, "precision": None, "text_len": None, "regions": None,
-                **(compare.get("plan") or {})}
-    unknown = set(settings) - {"method", "device", "mfu", "precision", "text_len", "regions"}
+    """``compare.plan`` with its defaults, checked before any work (an unknown device, key or task names itself)."""
+    settings = {**dict.fromkeys(PLAN_KEYS), "method": "flops", **(compare.get("plan") or {})}
+    unknown = set(settings) - set(PLAN_KEYS)
     if unknown:
-        raise KeyError(f"compare.plan: unknown key(s) {sorted(unknown)}; keys: device, mfu, precision, text_len, "
-                       "regions, method")
+        raise KeyError(f"compare.plan: unknown key(s) {sorted(unknown)}; keys: {', '.join(PLAN_KEYS)}")
     if settings["method"] not in ("flops", "probe"):
         raise ValueError(f"compare.plan.method={settings['method']!r}: flops or probe")
     if settings["device"] is not None and settings["device"] not in (*DEVICES, "cpu"):
@@ -80,7 +86,36 @@ def cost_settings(compare: dict[str, Any]) -> dict[str, Any]:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ValueError(f"compare.plan.{key}={value!r}: a positive whole number (text_len: or a mapping of "
                              "pretrain and task names to one)")
+    for name in lengths:
+        if name and name != "pretrain" and name not in TASKS.names():
+            raise KeyError(f"compare.plan.text_len.{name}: no task {name!r}{did_you_mean(name, ['pretrain', *TASKS.names()])}"
+                           f"; keys: pretrain or a task ({', '.join(TASKS.names())})")
+    settings["lengths"] = _stated_lengths(settings["lengths"])
     return settings
+
+
+def _stated_lengths(lengths: Any) -> dict[str, tuple[float, Spread, Spread]]:
+    """``compare.plan.lengths`` checked: per data set its ``share`` of the steps and its ``text`` and ``regions``
+    lengths, each ``[mean, sd, min, max]`` (`vlkit.flops.buckets.Spread`)."""
+    out: dict[str, tuple[float, Spread, Spread]] = {}
+    for name, entry in (lengths or {}).items():
+        key = f"compare.plan.lengths.{name}"
+        if not isinstance(entry, dict) or set(entry) != {"share", "text", "regions"}:
+            raise ValueError(f"{key}={entry!r}: a mapping of share (of the steps), text and regions, each of these "
+                             f"two [{', '.join(SPREAD)}] (tokens with [CLS] / [SEP]; regions or patches)")
+        share = entry["share"]
+        if not isinstance(share, (int, float)) or isinstance(share, bool) or share <= 0:
+            raise ValueError(f"{key}.share={share!r}: a positive number (the data set's weight among the steps)")
+        spreads = []
+        for part in ("text", "regions"):
+            value = list(entry[part]) if isinstance(entry[part], (list, tuple)) else None
+            if value is None or len(value) != 4 or not all(isinstance(v, (int, float)) for v in value) \
+                    or not 1 <= value[2] <= value[0] <= value[3] or value[1] < 0:
+                raise ValueError(f"{key}.{part}={entry[part]!r}: [{', '.join(SPREAD)}] with 1 <= min <= mean <= max "
+                                 "and sd >= 0")
+            spreads.append(Spread(float(value[0]), float(value[1]), int(value[2]), int(value[3])))
+        out[str(name)] = (float(share), *spreads)
+    return out
 
 
 def cost_device(settings: dict[str, Any], gpus_per_unit: int, threads: int, precisions: tuple[str, ...]) -> Device:
@@ -89,12 +124,41 @@ def cost_device(settings: dict[str, Any], gpus_per_unit: int, threads: int, prec
     return cpu_device(threads, precisions) if name == "cpu" else DEVICES[name]
 
 
-def unit_shapes(comparison: Any, unit: Any, settings: dict[str, Any], model: Any) -> StepShapes:
-    """A unit's step shapes: its trainer's global batch (``batching: units``: the examples its input units hold)
-    times its gradient accumulation (an optimizer step's examples),
-    ``compare.plan.text_len`` (a number, or one per ``pretrain`` and task name; else the task's or the data's
-    ``max_len``: batches pad to their longest, so this is their ceiling) and ``compare.plan.regions`` (else
-    ``data.image.num_bb``, else ``max_bb``)."""
+def text_positions(model: Any) -> int | None:
+    """The most text tokens ``model`` takes: its text position embeddings (RoBERTa's start after its padding id);
+    None when it has none."""
+    words = model.get_input_embeddings()
+    for module in model.modules():
+        positions = getattr(module, "position_embeddings", None)
+        if getattr(module, "word_embeddings", None) is words and isinstance(positions, nn.Embedding):
+            pad = positions.padding_idx
+            return positions.num_embeddings - (pad + 1 if pad is not None else 0)
+    return None
+
+
+def bucket_shapes(settings: dict[str, Any], trainer: dict[str, Any], devices: int) -> StepShapes:
+    """A ``batching: units`` step from ``compare.plan.lengths``: the official token-bucket sampler simulated per
+    data set (`vlkit.flops.buckets.stated_buckets`, each device filling its own ``max_units``), the data sets
+    weighted by their share of the steps; tokens per example are the padded ones a batch feeds the model."""
+    max_units = int(trainer.get("max_units") or 10240)
+    bucket, multiple = int(trainer.get("bucket_size") or 8192), int(trainer.get("size_multiple") or 8)
+    steps = [(share, stated_buckets(text, regions, max_units, bucket, multiple))
+             for share, text, regions in settings["lengths"].values()]
+    total = sum(share for share, _ in steps)
+    examples = sum(share * s.examples for share, s in steps) / total
+    text_len = sum(share * s.examples * s.text_len for share, s in steps) / (examples * total)
+    units = sum(share * s.examples * s.units for share, s in steps) / (examples * total)
+    return StepShapes(round(examples * devices * int(trainer.get("grad_accum") or 1)), round(text_len),
+                      max(1, round(units - text_len)))
+
+
+def unit_shapes(comparison: Any, unit: Any, settings: dict[str, Any], model: Any, devices: int = 1) -> StepShapes:
+    """A unit's step shapes: its trainer's global batch times its gradient accumulation (an optimizer step's
+    examples), ``compare.plan.text_len`` (a number, or one per ``pretrain`` and task name; else the task's or the
+    data's ``max_len``: batches pad to their longest, so this is their ceiling) and ``compare.plan.regions`` (else
+    ``data.image.num_bb``, else ``max_bb``). ``batching: units`` (UNITER's token buckets, ``max_units`` per device
+    on each of ``devices``): from ``compare.plan.lengths`` when set (`bucket_shapes`), else full batches at those
+    shapes. A text longer than the model's positions, or more regions than the data's ``max_bb``, is refused."""
     from vlkit.compare.config import run_data
 
     spec = comparison.specs[unit.run]
@@ -107,11 +171,29 @@ def unit_shapes(comparison: Any, unit: Any, settings: dict[str, Any], model: Any
     image = data.get("image") or {}
     regions = settings["regions"] or int(image.get("num_bb") or image.get("max_bb") or 36)
     trainer = comparison.unit_trainer(unit)
+    if trainer.get("batching") == "units" and settings["lengths"]:
+        shapes = bucket_shapes(settings, trainer, devices)
+        _check_fits(spec, model, image, shapes.text_len, shapes.regions)
+        return shapes
+    _check_fits(spec, model, image, text_len, regions)
     batch = int(trainer.get("batch_size") or 32)
     if trainer.get("batching") == "units":
         image_tokens = regions if model.image_input == "regions" else (model.image_size // model.patch_size) ** 2 + 1
-        batch = max(1, int(trainer.get("max_units") or 10240) // (text_len + image_tokens))
+        batch = devices * max(1, int(trainer.get("max_units") or 10240) // (text_len + image_tokens))
     return StepShapes(batch * int(trainer.get("grad_accum") or 1), text_len, regions)
+
+
+def _check_fits(spec: Any, model: Any, image: dict[str, Any], text_len: int, regions: int) -> None:
+    """Refuse shapes the run's model or data cannot hold, naming the key and the limit."""
+    positions = text_positions(model)
+    if positions is not None and text_len > positions:
+        raise ValueError(f"compare.plan.text_len={text_len} for run {spec.name!r}: its model takes at most {positions} "
+                         "text tokens (its position embeddings); set compare.plan.text_len (or the data's max_len) "
+                         "within it")
+    max_bb = image.get("max_bb")
+    if model.image_input == "regions" and max_bb and regions > int(max_bb):
+        raise ValueError(f"compare.plan.regions={regions} for run {spec.name!r}: its data hold at most "
+                         f"data.image.max_bb={max_bb} regions an image; set compare.plan.regions within it")
 
 
 def count_costs(comparison: Any, settings: dict[str, Any], gpus_per_unit: int = 0, threads: int = 1,
@@ -141,7 +223,8 @@ def count_costs(comparison: Any, settings: dict[str, Any], gpus_per_unit: int = 
             sizes = model_sizes(cls, overrides, data, config)
             models[model_key] = on_meta(lambda: build_model({**spec.model, **sizes}))
         model = models[model_key]
-        shapes = unit_shapes(comparison, unit, settings, model)
+        devices = max(1, gpus_per_unit) * slurm_nodes if gpus_per_unit else 1
+        shapes = unit_shapes(comparison, unit, settings, model, devices)
         mix = objective_mix(spec)
         task_cfg = None if unit.is_pretrain else comparison.task_cfg(unit.task, spec)
         from_mix = unit.is_pretrain or (unit.variant == "pretrained" and TASKS.get(unit.task).from_pretraining)
@@ -160,7 +243,6 @@ def count_costs(comparison: Any, settings: dict[str, Any], gpus_per_unit: int = 
                 counted[kind] = finetune_step_flops(task, shapes)
         trainer = comparison.unit_trainer(unit)
         precision = settings["precision"] or TRAINER_PRECISION.get(str(trainer.get("mixed_precision") or "no"), "fp32")
-        devices = max(1, gpus_per_unit) * slurm_nodes if gpus_per_unit else 1
         rows.append(UnitCost(unit, comparison.key(unit), comparison.unit_steps(unit), counted[kind], shapes, precision,
                              devices))
     device = cost_device(settings, gpus_per_unit, threads, tuple(dict.fromkeys(r.precision for r in rows)))
