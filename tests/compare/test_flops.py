@@ -1,19 +1,24 @@
-"""Issue 42: a comparison's plan in FLOPs. Every unit's FLOPs per step, counted on the meta device without
+"""Issues 42 and 53: a comparison's costs in FLOPs. Every unit's FLOPs per step, counted on the meta device without
 computing, equal torch's counter run on the same model, objective mix or task and batch computed for real
 (within 1%), for each family's pre-training and fine-tunings; the dry run prints FLOPs, steps and GPU-hours per
-unit without reading any data."""
+unit without reading any data. The papers' presets are the papers' runs as their official code ran them, each
+within 15% of an independent count by hand (benchmarks/paper_flops.py)."""
+import importlib.util
 import math
 import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from vlkit.cli import compose, main
 from vlkit.compare import Comparison, resolve_config
 from vlkit.compare.config import objective_mix, run_data
+from vlkit.compare.costs import cost_settings, count_costs, model_sizes, text_positions, unit_shapes
+from vlkit.flops.buckets import Spread, official_buckets, stated_buckets
+from vlkit.flops.count import flop_counter_mode, on_meta
 from vlkit.flops.devices import DEVICES
-from vlkit.flops.count import flop_counter_mode
-from vlkit.compare.costs import cost_settings, count_costs, model_sizes, unit_shapes
 from vlkit.models.base import build_model, split_model_config
 from vlkit.objectives.mix import build_pretraining
 from vlkit.registry import MODELS, TASKS
@@ -127,3 +132,78 @@ def test_dry_run_prints_flops_steps_and_gpu_hours_per_unit_without_data(capsys, 
     for name in ("local", "slurm", "ray"):
         assert f"executor {name}:" in out
     print(f"base plan in {wall:.1f} s")
+
+
+# -- the papers' runs as they ran (issue 53) --------------------------------------------------------------------
+_spec = importlib.util.spec_from_file_location("paper_flops", Path(__file__).resolve().parents[2] / "benchmarks"
+                                               / "paper_flops.py")
+paper_flops = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(paper_flops)
+
+
+def _paper(preset, *overrides):
+    cfg = resolve_config(compose("compare", [f"compare={preset}", *overrides]))
+    return Comparison(cfg, ".", progress=False)
+
+
+@pytest.mark.parametrize("preset", sorted(paper_flops.PAPERS))
+def test_a_paper_plan_matches_an_independent_hand_count(preset):
+    """The plan's FLOPs per example of each paper preset within 15% of benchmarks/paper_flops.py's count by hand
+    (6 x parameters passed x inputs, attention and the heads as the official code computes them)."""
+    plan = paper_flops.planned(preset)
+    hand = paper_flops.hand_count(preset, plan["text_len"], plan["regions"])
+    assert plan["planned_flops_per_example"] == pytest.approx(hand, rel=0.15)
+
+
+@pytest.mark.parametrize("preset, vocab, regions", [("paper_uniter", 28996, (2048, 1601)),
+                                                    ("paper_uniter_alldata", 28996, (2048, 1601)),
+                                                    ("paper_vilbert", 30522, (2048, 1601)),
+                                                    ("paper_meter", 50265, None)])
+def test_paper_presets_build_the_papers_models_and_mixes(preset, vocab, regions):
+    """Their own vocabularies and BUTD feature sizes (not the shapes world's), and no objective the official
+    configs do not run (no itc)."""
+    comparison = _paper(preset)
+    spec = comparison.specs[0]
+    data = run_data(comparison.cfg["data"], spec)
+    name, preset_name, overrides = split_model_config(spec.model)
+    cls = MODELS.get(name)
+    sizes = model_sizes(cls, overrides, data, cls.config_class.from_preset(preset_name, **overrides))
+    model = on_meta(lambda: build_model({**spec.model, **sizes}))
+    assert model.get_input_embeddings().num_embeddings == vocab
+    if regions:
+        assert (model.config.v_feature_size, model.config.v_target_size) == regions
+    assert "itc" not in objective_mix(spec)["objectives"]
+
+
+def test_uniters_official_sampler_fills_well_under_its_budget():
+    """The official sampler sizes every batch of a bucket by the bucket's longest example: at the stated lengths
+    a step holds 1,300-1,750 examples (8 GPUs x 2 accumulated batches of 10,240 units), 37-53% of the budget."""
+    text, regions = Spread(14, 3, 4, 62), Spread(36, 20, 10, 100)
+    step = stated_buckets(text, regions, 10240)
+    assert 0.37 < step.fill < 0.53 and step.fill <= step.padded_fill < 0.6
+    comparison = _paper("paper_uniter")
+    shapes = count_costs(comparison, cost_settings(comparison.compare), 8).units[0].shapes
+    assert 1300 <= shapes.batch_size <= 1750
+    # the same lengths all alike fill the budget: the fill is the sampler's, not the lengths'
+    full = official_buckets(np.full(8192 * 4, 14), np.full(8192 * 4, 36), 10240)
+    assert full.fill > 0.95
+
+
+@pytest.mark.parametrize("plan, message", [
+    ({"text_len": {"vqaa": 20}}, r"compare.plan.text_len.vqaa: no task 'vqaa' \(did you mean 'vqa'"),
+    ({"lengths": {"coco": {"share": 1, "text": [14, 3]}}}, "compare.plan.lengths.coco"),
+])
+def test_a_misspelt_plan_key_is_refused_naming_it(plan, message):
+    with pytest.raises((KeyError, ValueError), match=message):
+        cost_settings({"plan": plan})
+
+
+def test_shapes_the_model_or_data_cannot_hold_are_refused_naming_the_key_and_the_limit():
+    """text_len beyond the model's position embeddings (tiny presets: 64) and regions beyond data.image.max_bb."""
+    comparison = Comparison(resolve_config(compose("compare", SMOKE)), ".", progress=False)
+    with pytest.raises(ValueError, match=r"compare.plan.text_len=100 for run 'vilbert': its model takes at most 64"):
+        count_costs(comparison, cost_settings({"plan": {"text_len": 100, "regions": 7}}))
+    max_bb = run_data(comparison.cfg["data"], comparison.specs[0])["image"]["max_bb"]
+    with pytest.raises(ValueError, match=rf"compare.plan.regions=100000 for run 'vilbert'.*max_bb={max_bb}"):
+        count_costs(comparison, cost_settings({"plan": {"text_len": 11, "regions": 100000}}))
+    assert text_positions(on_meta(lambda: build_model({"name": "meter", "preset": "clip32-roberta"}))) == 512
