@@ -9,6 +9,7 @@ same costs to price the seeds a claim still needs (`vlkit.compare.report`).
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -152,18 +153,20 @@ def bucket_shapes(settings: dict[str, Any], trainer: dict[str, Any], devices: in
                       max(1, round(units - text_len)))
 
 
-def unit_shapes(comparison: Any, unit: Any, settings: dict[str, Any], model: Any, devices: int = 1) -> StepShapes:
+def unit_shapes(comparison: Any, unit: Any, settings: dict[str, Any], model: Any, devices: int = 1,
+                task_cfg: dict[str, Any] | None = None) -> StepShapes:
     """A unit's step shapes: its trainer's global batch times its gradient accumulation (an optimizer step's
     examples), ``compare.plan.text_len`` (a number, or one per ``pretrain`` and task name; else the task's or the
     data's ``max_len``: batches pad to their longest, so this is their ceiling) and ``compare.plan.regions`` (else
     ``data.image.num_bb``, else ``max_bb``). ``batching: units`` (UNITER's token buckets, ``max_units`` per device
     on each of ``devices``): from ``compare.plan.lengths`` when set (`bucket_shapes`), else full batches at those
-    shapes. A text longer than the model's positions, or more regions than the data's ``max_bb``, is refused."""
+    shapes. A text longer than the model's positions, or more regions than the data's ``max_bb``, is refused.
+    ``task_cfg``: the fine-tuning's task config when already read."""
     from vlkit.compare.config import run_data
 
     spec = comparison.specs[unit.run]
     data = run_data(comparison.cfg["data"], spec)
-    task = None if unit.is_pretrain else comparison.task_cfg(unit.task, spec)
+    task = None if unit.is_pretrain else task_cfg or comparison.task_cfg(unit.task, spec)
     text_len = settings["text_len"]
     if isinstance(text_len, dict):
         text_len = text_len.get("pretrain" if unit.is_pretrain else unit.task)
@@ -196,53 +199,69 @@ def _check_fits(spec: Any, model: Any, image: dict[str, Any], text_len: int, reg
                          f"data.image.max_bb={max_bb} regions an image; set compare.plan.regions within it")
 
 
+def _count_unit(comparison: Any, unit: Any, settings: dict[str, Any], models: dict[Any, Any],
+                counted: dict[str, float], devices: int) -> tuple[str, StepShapes, str]:
+    """``unit``'s kind (the sha256 of what its count depends on), shapes and precision; its FLOPs per step counted
+    into ``counted`` unless a unit of its kind was; ``models``: what is read once per comparison (each distinct
+    model, built on the meta device, and each run's mix and task configs)."""
+    from vlkit.compare.config import objective_mix, run_data
+    from vlkit.flops.count import finetune_step_flops, on_meta, pretrain_step_flops
+    from vlkit.models.base import build_model, split_model_config
+    from vlkit.objectives.mix import build_pretraining
+    from vlkit.registry import MODELS
+    from vlkit.tasks import build_task
+
+    spec = comparison.specs[unit.run]
+    data = run_data(comparison.cfg["data"], spec)
+    model_key = json.dumps([spec.model, data], sort_keys=True, default=str)
+    if model_key not in models:
+        name, preset, overrides = split_model_config(spec.model)
+        cls = MODELS.get(name)
+        sizes = model_sizes(cls, overrides, data, cls.config_class.from_preset(preset, **overrides))
+        models[model_key] = on_meta(lambda: build_model({**spec.model, **sizes}))
+    if ("mix", unit.run) not in models:
+        models["mix", unit.run] = objective_mix(spec)
+    mix = models["mix", unit.run]
+    task_cfg = None
+    if not unit.is_pretrain:
+        if ("task", unit.run, unit.task) not in models:
+            models["task", unit.run, unit.task] = comparison.task_cfg(unit.task, spec)
+        task_cfg = models["task", unit.run, unit.task]
+    shapes = unit_shapes(comparison, unit, settings, models[model_key], devices, task_cfg)
+    from_mix = unit.is_pretrain or (unit.variant == "pretrained" and TASKS.get(unit.task).from_pretraining)
+    kind = hashlib.sha256(json.dumps([model_key, mix if from_mix else None, task_cfg, shapes.__dict__],
+                                     sort_keys=True, default=str).encode()).hexdigest()
+    if kind not in counted:
+        model = copy.deepcopy(models[model_key])  # a task may change its model (NLVR2's image token types)
+        pretraining = on_meta(lambda: build_pretraining(model, mix)) if mix is not None else None
+        if unit.is_pretrain:
+            counted[kind] = pretrain_step_flops(pretraining, shapes)["per_step"]
+        else:
+            cls = TASKS.get(unit.task)
+            source = pretraining if from_mix else model
+            options = {**cls.plan_options(task_cfg), **(task_cfg.get("options") or {})}
+            task = on_meta(lambda: build_task(unit.task, source, **options))
+            counted[kind] = finetune_step_flops(task, shapes)
+    trainer = comparison.unit_trainer(unit)
+    precision = settings["precision"] or TRAINER_PRECISION.get(str(trainer.get("mixed_precision") or "no"), "fp32")
+    return kind, shapes, precision
+
+
 def count_costs(comparison: Any, settings: dict[str, Any], gpus_per_unit: int = 0, threads: int = 1,
               slurm_nodes: int = 1, counted: dict[str, float] | None = None) -> Costs:
     """Every unit of ``comparison`` with its FLOPs per step, steps and device-hours. Each distinct model, mix or
     task at each shape is counted once (``counted``: what earlier counts counted, by the sha256 of what was counted;
     the counts are added to it); models are built on the meta device."""
-    from vlkit.compare.config import objective_mix, run_data
-    from vlkit.flops.count import finetune_step_flops, on_meta, pretrain_step_flops
-    from vlkit.models.base import build_model, split_model_config
-    from vlkit.objectives.mix import build_pretraining
-    from vlkit.registry import MODELS, TASKS
-    from vlkit.tasks import build_task
-
-    units = comparison.all_units()
-    models: dict[str, Any] = {}
+    models: dict[Any, Any] = {}
     counted = {} if counted is None else counted
+    devices = max(1, gpus_per_unit) * slurm_nodes if gpus_per_unit else 1
+    seen: dict[tuple[Any, ...], tuple[str, StepShapes, str]] = {}  # a unit's count is its seed-mates'
     rows: list[UnitCost] = []
-    for unit in units:
-        spec = comparison.specs[unit.run]
-        data = run_data(comparison.cfg["data"], spec)
-        model_key = json.dumps([spec.model, data], sort_keys=True, default=str)
-        if model_key not in models:
-            name, preset, overrides = split_model_config(spec.model)
-            cls = MODELS.get(name)
-            config = cls.config_class.from_preset(preset, **overrides)
-            sizes = model_sizes(cls, overrides, data, config)
-            models[model_key] = on_meta(lambda: build_model({**spec.model, **sizes}))
-        model = models[model_key]
-        devices = max(1, gpus_per_unit) * slurm_nodes if gpus_per_unit else 1
-        shapes = unit_shapes(comparison, unit, settings, model, devices)
-        mix = objective_mix(spec)
-        task_cfg = None if unit.is_pretrain else comparison.task_cfg(unit.task, spec)
-        from_mix = unit.is_pretrain or (unit.variant == "pretrained" and TASKS.get(unit.task).from_pretraining)
-        kind = hashlib.sha256(json.dumps([model_key, mix if from_mix else None, task_cfg, shapes.__dict__],
-                                         sort_keys=True, default=str).encode()).hexdigest()
-        if kind not in counted:
-            model = copy.deepcopy(models[model_key])  # a task may change its model (NLVR2's image token types)
-            pretraining = on_meta(lambda: build_pretraining(model, mix)) if mix is not None else None
-            if unit.is_pretrain:
-                counted[kind] = pretrain_step_flops(pretraining, shapes)["per_step"]
-            else:
-                cls = TASKS.get(unit.task)
-                source = pretraining if from_mix else model
-                options = {**cls.plan_options(task_cfg), **(task_cfg.get("options") or {})}
-                task = on_meta(lambda: build_task(unit.task, source, **options))
-                counted[kind] = finetune_step_flops(task, shapes)
-        trainer = comparison.unit_trainer(unit)
-        precision = settings["precision"] or TRAINER_PRECISION.get(str(trainer.get("mixed_precision") or "no"), "fp32")
+    for unit in comparison.all_units():
+        same = (unit.run, unit.is_pretrain, unit.task, unit.variant)
+        if same not in seen:
+            seen[same] = _count_unit(comparison, unit, settings, models, counted, devices)
+        kind, shapes, precision = seen[same]
         rows.append(UnitCost(unit, comparison.key(unit), comparison.unit_steps(unit), counted[kind], shapes, precision,
                              devices))
     device = cost_device(settings, gpus_per_unit, threads, tuple(dict.fromkeys(r.precision for r in rows)))
@@ -265,12 +284,20 @@ def model_sizes(cls: Any, overrides: Mapping[str, Any], data: Mapping[str, Any],
 
     name = str(data.get("tokenizer") or tokenizers.family_tokenizer(cls, config))
     local = tokenizers.on_this_machine(name)
-    vocab = tokenizers.build_tokenizer(name) if local else ()
+    vocab = range(_vocabulary(name)) if local else ()
     store = _store_header(data) if cls.image_input == "regions" else None
     sizes = data_sizes(cls, overrides, vocab, SimpleNamespace(store=store))
     if not local:  # the preset keeps its own vocabulary
         sizes.pop(cls.data_fields(overrides).get("vocab_size"), None)
     return sizes
+
+
+@functools.lru_cache(maxsize=None)
+def _vocabulary(name: str) -> int:
+    """The size of tokenizer ``name``'s vocabulary (read once per process)."""
+    from vlkit.data import tokenizers
+
+    return len(tokenizers.build_tokenizer(name))
 
 
 def _store_header(data: Mapping[str, Any]) -> Any:
@@ -280,10 +307,7 @@ def _store_header(data: Mapping[str, Any]) -> Any:
 
     image = data.get("image") or {}
     if data.get("name") == "shapes" and image.get("source", "shapes") == "shapes":
-        from vlkit.features.detector.weights import shapes_detector_config
-
-        cfg = shapes_detector_config()
-        return SimpleNamespace(feature_dim=cfg.feature_dim, num_classes=cfg.num_classes)
+        return _shapes_detector()
     path = image.get("path")
     if path and Path(path).is_file():
         from vlkit.features.store import FeatureStore
@@ -291,6 +315,17 @@ def _store_header(data: Mapping[str, Any]) -> Any:
         with FeatureStore(path) as store:
             return SimpleNamespace(feature_dim=store.feature_dim, num_classes=store.num_classes)
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _shapes_detector() -> Any:
+    """The shapes world's detector's ``feature_dim`` / ``num_classes`` (read once per process)."""
+    from types import SimpleNamespace
+
+    from vlkit.features.detector.weights import shapes_detector_config
+
+    cfg = shapes_detector_config()
+    return SimpleNamespace(feature_dim=cfg.feature_dim, num_classes=cfg.num_classes)
 
 
 def seed_costs(comparison: Any, made: Costs | None = None) -> dict[str, Any]:
