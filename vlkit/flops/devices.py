@@ -18,8 +18,8 @@ MFU defaults, the model FLOPs a large training run achieved as a share of the pe
 - L4, TITAN X: no published training run; the V100's figure, the lowest of the table.
 - cpu: 30%, the share of this machine's GEMM rate a tiny vlkit training step reaches
   (`benchmarks/step_efficiency.py`: 24-36% for the three families, benchmarks/results/step_efficiency.json).
-Small vision-and-language models at short sequences reach less than these large language models: the papers'
-own times imply 4-15% (docs/compare-plans.md), so set ``compare.plan.mfu`` from a run of your own
+Small vision-and-language models at short sequences reach less than these large language models (no paper's
+reported time is traced to its recipe: docs/compare-plans.md), so set ``compare.plan.mfu`` from a run of your own
 (`vlkit compare-report` gives the MFU a finished comparison achieved).
 """
 from __future__ import annotations
