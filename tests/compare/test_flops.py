@@ -18,7 +18,7 @@ from vlkit.compare.config import objective_mix, run_data
 from vlkit.compare.costs import cost_settings, count_costs, model_sizes, text_positions, unit_shapes
 from vlkit.flops.buckets import Spread, official_buckets, stated_buckets
 from vlkit.flops.count import flop_counter_mode, on_meta
-from vlkit.flops.devices import DEVICES
+from vlkit.flops.devices import DEVICES, choose_device
 from vlkit.models.base import build_model, split_model_config
 from vlkit.objectives.mix import build_pretraining
 from vlkit.registry import MODELS, TASKS
@@ -100,7 +100,7 @@ def test_the_plan_counts_the_shapes_it_is_given(smoke_plan):
     assert longer.mfu_source == "compare.plan.mfu"
 
 
-def test_plan_settings_are_checked_naming_the_key():
+def test_cost_settings_are_checked_naming_the_key():
     for plan, key in (({"device": "tpu"}, "compare.plan.device"), ({"mfu": 1.5}, "compare.plan.mfu"),
                       ({"text_len": {"vqa": 0}}, "compare.plan.text_len.vqa"), ({"regionz": 3}, "regionz"),
                       ({"precision": "int8"}, "compare.plan.precision")):
@@ -207,3 +207,17 @@ def test_shapes_the_model_or_data_cannot_hold_are_refused_naming_the_key_and_the
     with pytest.raises(ValueError, match=rf"compare.plan.regions=100000 for run 'vilbert'.*max_bb={max_bb}"):
         count_costs(comparison, cost_settings({"plan": {"text_len": 11, "regions": 100000}}))
     assert text_positions(on_meta(lambda: build_model({"name": "meter", "preset": "clip32-roberta"}))) == 512
+
+
+def test_one_device_rule_for_the_estimate_the_seed_costs_and_the_account(monkeypatch):
+    """compare.plan.device when set; else this CPU without GPUs, the visible GPU the table knows, else the A100;
+    pricing what was spent, units without GPUs ran on this CPU and a recorded GPU comes before the setting."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert choose_device(None, 0) == "cpu" and choose_device("h100", 0) == "h100"
+    assert choose_device(None, 8) == "a100" and choose_device("v100", 8) == "v100"
+    assert choose_device("h100", 0, ["NVIDIA A100-SXM4-80GB"]) == "cpu"
+    assert choose_device("h100", 8, ["", "NVIDIA A100-SXM4-80GB"]) == "a100"
+    assert choose_device("h100", 8, ["Some GPU"]) == "h100" and choose_device(None, 8, []) == "a100"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
+    assert choose_device(None, 8) == "h100"
