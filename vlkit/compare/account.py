@@ -157,10 +157,10 @@ FLOPS_FILE = "flops.json"  # a comparison's FLOPs per step by what was counted: 
 
 
 def spent_costs(comparison: Any, results: dict[Any, dict[str, Any]]) -> Any:
-    """The FLOP costs of the comparison's units (`vlkit.compare.costs.count_costs`, ``compare.plan``'s MFU and shapes) on
-    the device they ran on (`vlkit.flops.devices.choose_device` with the GPUs the finished units recorded,
-    ``machine.device``). The FLOPs counted are kept in the folder (``flops.json``), so
-    a later report counts only what is new."""
+    """The FLOP costs of the comparison's units (`vlkit.compare.costs.count_costs`, ``compare.plan``'s MFU and shapes)
+    on the device they ran on (`vlkit.flops.devices.choose_device` with the GPUs the finished units recorded,
+    ``machine.device``). The FLOPs counted are kept in the folder (``flops.json``), so a later report counts only
+    what is new."""
     from vlkit.compare.config import unit_threads
     from vlkit.compare.costs import cost_settings, count_costs
     from vlkit.compare.executor_base import unit_nodes

@@ -1,5 +1,5 @@
-"""What a comparison's units cost, in FLOPs and device-hours: each unit's training FLOPs per step counted on its own model, objective mix
-or task at its batch and sequence shapes (`vlkit.flops.count`: on the meta device, seconds for a base-size
+"""What a comparison's units cost, in FLOPs and device-hours: each unit's training FLOPs per step counted on its
+own model, objective mix or task at its batch and sequence shapes (`vlkit.flops.count`: on the meta device, seconds for a base-size
 comparison, no data read), its steps, and the hours they take on a device at an MFU
 (`vlkit.flops.devices`): hours = FLOPs / (peak x MFU).
 
@@ -89,8 +89,9 @@ def cost_settings(compare: dict[str, Any]) -> dict[str, Any]:
                              "pretrain and task names to one)")
     for name in lengths:
         if name and name != "pretrain" and name not in TASKS.names():
-            raise KeyError(f"compare.plan.text_len.{name}: no task {name!r}{did_you_mean(name, ['pretrain', *TASKS.names()])}"
-                           f"; keys: pretrain or a task ({', '.join(TASKS.names())})")
+            close = did_you_mean(name, ["pretrain", *TASKS.names()])
+            raise KeyError(f"compare.plan.text_len.{name}: no task {name!r}{close}; keys: pretrain or a task "
+                           f"({', '.join(TASKS.names())})")
     settings["lengths"] = _stated_lengths(settings["lengths"])
     return settings
 
@@ -301,7 +302,8 @@ def _vocabulary(name: str) -> int:
 
 
 def _store_header(data: Mapping[str, Any]) -> Any:
-    """``feature_dim`` / ``num_classes`` of the run's region features: the shapes detector's, a store's on disk, or None."""
+    """``feature_dim`` / ``num_classes`` of the run's region features: the shapes detector's, a store's on disk, or
+    None."""
     from pathlib import Path
     from types import SimpleNamespace
 
@@ -350,4 +352,5 @@ def seed_costs(comparison: Any, made: Costs | None = None) -> dict[str, Any]:
             "seed_hours": {run: sum(v.values()) / len(v) for run, v in hours.items()}}
 
 
-__all__ = ["Costs", "UnitCost", "cost_device", "cost_settings", "count_costs", "model_sizes", "seed_costs", "unit_shapes"]
+__all__ = ["Costs", "UnitCost", "bucket_shapes", "cost_device", "cost_settings", "count_costs", "model_sizes",
+           "seed_costs", "text_positions", "unit_shapes"]

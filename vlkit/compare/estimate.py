@@ -111,7 +111,9 @@ def dry_run(comparison: Any, settings: Any) -> str:
     from vlkit.compare.costs import cost_settings
 
     costs = cost_settings(comparison.compare)
-    return flops_estimate(comparison, settings, costs) if costs["method"] == "flops" else probe_estimate(comparison, settings)
+    if costs["method"] == "flops":
+        return flops_estimate(comparison, settings, costs)
+    return probe_estimate(comparison, settings)
 
 
 def executor_lines(settings: Any, wall_hours: Any) -> list[str]:

@@ -104,4 +104,5 @@ def cpu_device(threads: int, precisions: tuple[str, ...] = ("fp32",)) -> Device:
     return Device("cpu", peaks, CPU_MFU, CPU_MFU_SOURCE)
 
 
-__all__ = ["CPU_MFU", "DEVICES", "Device", "PRECISIONS", "TRAINER_PRECISION", "choose_device", "cpu_device", "gpu_device"]
+__all__ = ["CPU_MFU", "DEVICES", "Device", "PRECISIONS", "TRAINER_PRECISION", "choose_device", "cpu_device",
+           "gpu_device"]
