@@ -74,7 +74,7 @@ _LAZY = {
 
 
 # public functions named like a subpackage: ``vlkit.compare(...)`` calls the function, and ``vlkit.compare`` stays the
-# package (``vlkit.compare.flops``, ``from vlkit.compare import main``)
+# package (``vlkit.flops.count``, ``from vlkit.compare import main``)
 _CALLABLE_PACKAGES = {"compare": "vlkit.workflows"}
 
 

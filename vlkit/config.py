@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -53,10 +54,20 @@ def unwrap(cfg: Any) -> Any:
 
 def load_yaml(path: str | Path, *layers: Any) -> Any:
     """The YAML file ``path`` with each of ``layers`` (mappings) merged over it in turn, as plain containers
-    (interpolations resolved)."""
+    (interpolations resolved). A file is parsed once per process while it keeps its size and time (a comparison
+    reads each task's file once per unit)."""
     from omegaconf import OmegaConf
 
-    return to_container(OmegaConf.merge(OmegaConf.load(path), *layers))
+    stat = Path(path).stat()
+    return to_container(OmegaConf.merge(_parsed(str(path), stat.st_mtime_ns, stat.st_size), *layers))
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(path: str, mtime_ns: int, size: int) -> Any:
+    """``path`` parsed (`load_yaml`; merging copies it, so the cached node is never changed)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.load(path)
 
 
 def to_yaml(cfg: Any) -> str:

@@ -14,7 +14,7 @@ offers for every task it can serve builds, computes a finite loss on the task's 
 the family's own pre-training mix (its recipe's ``mix``) does the same with each of its objectives. Its recipe is
 checked by the owners of its keys (the trainer preset by `vlkit.train.TrainerConfig`, the objective defaults by
 the objectives they set), a family that declares ``keeps_rows`` computes the kept positions exactly, and a training
-step of its mix is counted in FLOPs on the meta device (`vlkit.compare.flops`, what a comparison's plan counts),
+step of its mix is counted in FLOPs on the meta device (`vlkit.flops.count`, what a comparison's plan counts),
 equal to the count of the same step computed. The checks are plain ``assert`` statements (no pytest import), each
 naming the family, task or objective at fault.
 """
@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from vlkit.compare.flops import StepShapes, on_meta, pretrain_step_flops
+from vlkit.flops.count import StepShapes, on_meta, pretrain_step_flops
 from vlkit.models.base import CONFIG_NAME, DATA_SIZES, WEIGHTS_NAME, VLModel, build_model, from_pretrained
 from vlkit.models.recipe import recipe_of
 from vlkit.objectives.mix import build_objective, build_pretraining

@@ -1,19 +1,24 @@
-"""Issue 42: a comparison's plan in FLOPs. Every unit's FLOPs per step, counted on the meta device without
+"""Issues 42 and 53: a comparison's costs in FLOPs. Every unit's FLOPs per step, counted on the meta device without
 computing, equal torch's counter run on the same model, objective mix or task and batch computed for real
 (within 1%), for each family's pre-training and fine-tunings; the dry run prints FLOPs, steps and GPU-hours per
-unit without reading any data."""
+unit without reading any data. The papers' presets are the papers' runs as their official code ran them, each
+within 15% of an independent count by hand (benchmarks/paper_flops.py)."""
+import importlib.util
 import math
 import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from vlkit.cli import compose, main
 from vlkit.compare import Comparison, resolve_config
 from vlkit.compare.config import objective_mix, run_data
-from vlkit.compare.devices import DEVICES
-from vlkit.compare.flops import flop_counter_mode, plan_sizes
-from vlkit.compare.plan import make_plan, plan_settings, unit_shapes
+from vlkit.compare.costs import cost_settings, count_costs, model_sizes, text_positions, unit_shapes
+from vlkit.flops.buckets import Spread, official_buckets, stated_buckets
+from vlkit.flops.count import flop_counter_mode, on_meta
+from vlkit.flops.devices import DEVICES, choose_device
 from vlkit.models.base import build_model, split_model_config
 from vlkit.objectives.mix import build_pretraining
 from vlkit.registry import MODELS, TASKS
@@ -37,14 +42,14 @@ def real_flops(module, batch, **forward) -> int:
 def smoke_plan():
     cfg = resolve_config(compose("compare", SMOKE))
     comparison = Comparison(cfg, ".", progress=False)
-    return comparison, make_plan(comparison, plan_settings(cfg["compare"]))
+    return comparison, count_costs(comparison, cost_settings(cfg["compare"]))
 
 
 def _real_model(comparison, spec):
     data = run_data(comparison.cfg["data"], spec)
     name, preset, overrides = split_model_config(spec.model)
     cls = MODELS.get(name)
-    sizes = plan_sizes(cls, overrides, data, cls.config_class.from_preset(preset, **overrides))
+    sizes = model_sizes(cls, overrides, data, cls.config_class.from_preset(preset, **overrides))
     torch.manual_seed(0)
     return build_model({**spec.model, **sizes})
 
@@ -62,7 +67,7 @@ def test_a_units_flops_per_step_equal_torchs_counter_on_the_real_step(smoke_plan
     for unit in units:
         model = _real_model(comparison, spec)
         pretraining = build_pretraining(model, objective_mix(spec))
-        shapes = unit_shapes(comparison, unit, plan_settings(comparison.compare), model)
+        shapes = unit_shapes(comparison, unit, cost_settings(comparison.compare), model)
         if unit.is_pretrain:
             batch = model.example_batch(shapes.batch_size, text_len=shapes.text_len, num_regions=shapes.regions,
                                         padded=False)
@@ -86,8 +91,8 @@ def test_a_units_flops_per_step_equal_torchs_counter_on_the_real_step(smoke_plan
 def test_the_plan_counts_the_shapes_it_is_given(smoke_plan):
     """More tokens, regions and examples per step cost more; hours are FLOPs / (peak x MFU)."""
     comparison, plan = smoke_plan
-    settings = plan_settings({"plan": {"regions": 7, "text_len": 22, "device": "a100", "mfu": 0.5}})
-    longer = make_plan(comparison, settings)
+    settings = cost_settings({"plan": {"regions": 7, "text_len": 22, "device": "a100", "mfu": 0.5}})
+    longer = count_costs(comparison, settings)
     key = "uniter/seed0/pretrain"
     assert longer.by_key()[key].flops_per_step > 1.5 * plan.by_key()[key].flops_per_step
     row = longer.by_key()[key]
@@ -95,12 +100,12 @@ def test_the_plan_counts_the_shapes_it_is_given(smoke_plan):
     assert longer.mfu_source == "compare.plan.mfu"
 
 
-def test_plan_settings_are_checked_naming_the_key():
+def test_cost_settings_are_checked_naming_the_key():
     for plan, key in (({"device": "tpu"}, "compare.plan.device"), ({"mfu": 1.5}, "compare.plan.mfu"),
                       ({"text_len": {"vqa": 0}}, "compare.plan.text_len.vqa"), ({"regionz": 3}, "regionz"),
                       ({"precision": "int8"}, "compare.plan.precision")):
         with pytest.raises((KeyError, ValueError), match=key):
-            plan_settings({"plan": plan})
+            cost_settings({"plan": plan})
     with pytest.raises(ValueError, match="no bf16 peak"):
         DEVICES["v100"].peak("bf16")
 
@@ -127,3 +132,92 @@ def test_dry_run_prints_flops_steps_and_gpu_hours_per_unit_without_data(capsys, 
     for name in ("local", "slurm", "ray"):
         assert f"executor {name}:" in out
     print(f"base plan in {wall:.1f} s")
+
+
+# -- the papers' runs as they ran (issue 53) --------------------------------------------------------------------
+_spec = importlib.util.spec_from_file_location("paper_flops", Path(__file__).resolve().parents[2] / "benchmarks"
+                                               / "paper_flops.py")
+paper_flops = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(paper_flops)
+
+
+def _paper(preset, *overrides):
+    cfg = resolve_config(compose("compare", [f"compare={preset}", *overrides]))
+    return Comparison(cfg, ".", progress=False)
+
+
+@pytest.mark.parametrize("preset", sorted(paper_flops.PAPERS))
+def test_a_paper_plan_matches_an_independent_hand_count(preset):
+    """The plan's FLOPs per example of each paper preset within 15% of benchmarks/paper_flops.py's count by hand
+    (6 x parameters passed x inputs, attention and the heads as the official code computes them)."""
+    plan = paper_flops.planned(preset)
+    hand = paper_flops.hand_count(preset, plan["text_len"], plan["regions"])
+    assert plan["planned_flops_per_example"] == pytest.approx(hand, rel=0.15)
+
+
+@pytest.mark.parametrize("preset, vocab, regions", [("paper_uniter", 28996, (2048, 1601)),
+                                                    ("paper_uniter_alldata", 28996, (2048, 1601)),
+                                                    ("paper_vilbert", 30522, (2048, 1601)),
+                                                    ("paper_meter", 50265, None)])
+def test_paper_presets_build_the_papers_models_and_mixes(preset, vocab, regions):
+    """Their own vocabularies and BUTD feature sizes (not the shapes world's), and no objective the official
+    configs do not run (no itc)."""
+    comparison = _paper(preset)
+    spec = comparison.specs[0]
+    data = run_data(comparison.cfg["data"], spec)
+    name, preset_name, overrides = split_model_config(spec.model)
+    cls = MODELS.get(name)
+    sizes = model_sizes(cls, overrides, data, cls.config_class.from_preset(preset_name, **overrides))
+    model = on_meta(lambda: build_model({**spec.model, **sizes}))
+    assert model.get_input_embeddings().num_embeddings == vocab
+    if regions:
+        assert (model.config.v_feature_size, model.config.v_target_size) == regions
+    assert "itc" not in objective_mix(spec)["objectives"]
+
+
+def test_uniters_official_sampler_fills_well_under_its_budget():
+    """The official sampler sizes every batch of a bucket by the bucket's longest example: at the stated lengths
+    a step holds 1,300-1,750 examples (8 GPUs x 2 accumulated batches of 10,240 units), 37-53% of the budget."""
+    text, regions = Spread(14, 3, 4, 62), Spread(36, 20, 10, 100)
+    step = stated_buckets(text, regions, 10240)
+    assert 0.37 < step.fill < 0.53 and step.fill <= step.padded_fill < 0.6
+    comparison = _paper("paper_uniter")
+    shapes = count_costs(comparison, cost_settings(comparison.compare), 8).units[0].shapes
+    assert 1300 <= shapes.batch_size <= 1750
+    # the same lengths all alike fill the budget: the fill is the sampler's, not the lengths'
+    full = official_buckets(np.full(8192 * 4, 14), np.full(8192 * 4, 36), 10240)
+    assert full.fill > 0.95
+
+
+@pytest.mark.parametrize("plan, message", [
+    ({"text_len": {"vqaa": 20}}, r"compare.plan.text_len.vqaa: no task 'vqaa' \(did you mean 'vqa'"),
+    ({"lengths": {"coco": {"share": 1, "text": [14, 3]}}}, "compare.plan.lengths.coco"),
+])
+def test_a_misspelt_plan_key_is_refused_naming_it(plan, message):
+    with pytest.raises((KeyError, ValueError), match=message):
+        cost_settings({"plan": plan})
+
+
+def test_shapes_the_model_or_data_cannot_hold_are_refused_naming_the_key_and_the_limit():
+    """text_len beyond the model's position embeddings (tiny presets: 64) and regions beyond data.image.max_bb."""
+    comparison = Comparison(resolve_config(compose("compare", SMOKE)), ".", progress=False)
+    with pytest.raises(ValueError, match=r"compare.plan.text_len=100 for run 'vilbert': its model takes at most 64"):
+        count_costs(comparison, cost_settings({"plan": {"text_len": 100, "regions": 7}}))
+    max_bb = run_data(comparison.cfg["data"], comparison.specs[0])["image"]["max_bb"]
+    with pytest.raises(ValueError, match=rf"compare.plan.regions=100000 for run 'vilbert'.*max_bb={max_bb}"):
+        count_costs(comparison, cost_settings({"plan": {"text_len": 11, "regions": 100000}}))
+    assert text_positions(on_meta(lambda: build_model({"name": "meter", "preset": "clip32-roberta"}))) == 512
+
+
+def test_one_device_rule_for_the_estimate_the_seed_costs_and_the_account(monkeypatch):
+    """compare.plan.device when set; else this CPU without GPUs, the visible GPU the table knows, else the A100;
+    pricing what was spent, units without GPUs ran on this CPU and a recorded GPU comes before the setting."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert choose_device(None, 0) == "cpu" and choose_device("h100", 0) == "h100"
+    assert choose_device(None, 8) == "a100" and choose_device("v100", 8) == "v100"
+    assert choose_device("h100", 0, ["NVIDIA A100-SXM4-80GB"]) == "cpu"
+    assert choose_device("h100", 8, ["", "NVIDIA A100-SXM4-80GB"]) == "a100"
+    assert choose_device("h100", 8, ["Some GPU"]) == "h100" and choose_device(None, 8, []) == "a100"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
+    assert choose_device(None, 8) == "h100"

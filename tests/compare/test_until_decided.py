@@ -153,7 +153,7 @@ def test_a_look_starts_only_within_the_budget(monkeypatch):
     noise = {"a": [0.9] * 3, "b": [0.1, 0.11, 0.09], "c": [0.5, 0.52, 0.47], "d": [0.5, 0.49, 0.52]}
     monkeypatch.setattr(records_module, "finished_records", lambda c: fake_records(noise))
     monkeypatch.setattr(records_module, "finished_results", lambda c: {})
-    monkeypatch.setattr(looks, "spent_plan", lambda c, results: None)
+    monkeypatch.setattr(looks, "spent_costs", lambda c, results: None)
     units = {"u1": {"state": "finished", "planned_hours": 2.0, "device_hours": 3.0},
              "u2": {"state": "finished", "planned_hours": 2.0, "device_hours": 3.0},
              "u3": {"state": "died", "planned_hours": 1.0, "device_hours": 0.5}}

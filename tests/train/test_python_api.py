@@ -43,7 +43,7 @@ def cache(tmp_path_factory):
 
 # -- names --------------------------------------------------------------------------------------------
 def test_every_listed_name_builds_in_python_and_on_the_command_line():
-    from vlkit.compare.flops import on_meta
+    from vlkit.flops.count import on_meta
 
     names = vlkit.list_models(presets=True)
     assert "uniter/tiny" in names and len(names) >= 9

@@ -107,7 +107,7 @@ def test_a_two_run_comparison_gives_the_command_lines_numbers_bit_for_bit(tmp_pa
 # -- one site per key ----------------------------------------------------------------------------------------------
 def test_every_key_is_validated_at_exactly_one_site():
     from vlkit.cli import COMMANDS, SPEC_COMMANDS
-    from vlkit.compare.plan import plan_settings
+    from vlkit.compare.costs import cost_settings
     from vlkit.compare.spec import COMPARE_RULES
     from vlkit.config import to_container
     from vlkit.data.spec import RULES as DATA_RULES
@@ -120,7 +120,7 @@ def test_every_key_is_validated_at_exactly_one_site():
         "pretrain": {"TrainerConfig": [f"trainer.{f.name}" for f in dataclasses.fields(TrainerConfig)],
                      "vlkit.data.spec": [f"data.{k}" for k in DATA_RULES], "vlkit.train.spec": list(COMMAND_RULES)},
         "compare": {"vlkit.compare.spec": list(COMPARE_RULES), "vlkit.data.spec": [f"data.{k}" for k in DATA_RULES],
-                    "plan_settings": [f"compare.plan.{k}" for k in plan_settings({})],
+                    "plan_settings": [f"compare.plan.{k}" for k in cost_settings({})],
                     "heartbeat_s": ["compare.heartbeat_s"], "look_sizes_of": ["compare.until", "compare.max_seeds",
                                                                                 "compare.round_seeds"],
                     "seeds_problems": ["compare.seeds"]},

@@ -8,7 +8,7 @@ kept in the unit's ``unit.json`` (`vlkit.compare.units`), tagged with the sessio
 
 `account` adds them up: wall time (the sessions' spans), unit-seconds (every attempt's wall, the died, failed and
 retried ones included; those are the wasted part), device-hours (unit-seconds x the devices each unit held), and
-beside them the FLOP plan of the same units (`vlkit.compare.plan`) on the device they ran on: planned hours and the
+beside them the FLOP costs of the same units (`vlkit.compare.costs`) on the device they ran on: planned hours and the
 MFU the run achieved (planned FLOPs / (spent seconds x the device's peak)), the figure to set ``compare.plan.mfu``
 from.
 
@@ -268,46 +268,43 @@ def _session_tallies(number: int, attempts: dict[str, list[dict[str, Any]]]) -> 
 FLOPS_FILE = "flops.json"  # a comparison's FLOPs per step by what was counted: each counted once per folder
 
 
-def spent_plan(comparison: Any, results: dict[Any, dict[str, Any]]) -> Any:
-    """The FLOP plan of the comparison's units (`vlkit.compare.plan.make_plan`, ``compare.plan``'s MFU and shapes) on
-    the device they ran on: this machine's CPU when units take no GPU, else the GPU the finished units recorded
-    (``machine.device``), else ``compare.plan.device``. The FLOPs counted are kept in the folder (``flops.json``), so
-    a later report counts only what is new."""
+def spent_costs(comparison: Any, results: dict[Any, dict[str, Any]]) -> Any:
+    """The FLOP costs of the comparison's units (`vlkit.compare.costs.count_costs`, ``compare.plan``'s MFU and shapes)
+    on the device they ran on (`vlkit.flops.devices.choose_device` with the GPUs the finished units recorded,
+    ``machine.device``). The FLOPs counted are kept in the folder (``flops.json``), so a later report counts only
+    what is new."""
     from vlkit.compare.config import unit_threads
-    from vlkit.compare.devices import gpu_device
+    from vlkit.compare.costs import cost_settings, count_costs
     from vlkit.compare.executor_base import unit_nodes
-    from vlkit.compare.plan import make_plan, plan_settings
+    from vlkit.flops.devices import choose_device
     from vlkit.io import atomic_write_text, dump_json
 
     compare = comparison.compare
-    settings = plan_settings(compare)
+    settings = cost_settings(compare)
     gpus = int(compare.get("gpus_per_unit") or 0)
-    if not gpus:
-        settings["device"] = "cpu"
-    else:
-        recorded = [gpu_device(r["machine"].get("device", "")) for r in results.values() if "machine" in r]
-        settings["device"] = next((d for d in recorded if d), settings["device"])
+    ran_on = [r["machine"].get("device", "") for r in results.values() if "machine" in r]
+    settings["device"] = choose_device(settings["device"], gpus, ran_on)
     path = comparison.output_dir / FLOPS_FILE
     try:
         counted = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         counted = {}  # none yet, or cut short: counted again
     known = len(counted)
-    plan = make_plan(comparison, settings, gpus, unit_threads(comparison.cfg),
-                     unit_nodes(compare), counted)
+    costs = count_costs(comparison, settings, gpus, unit_threads(comparison.cfg),
+                       unit_nodes(compare), counted)
     if len(counted) > known:
         atomic_write_text(path, dump_json(counted))
-    return plan
+    return costs
 
 
-def account(comparison: Any, plan: Any) -> dict[str, Any]:
-    """The comparison's account: its sessions, totals and each unit's spend beside ``plan`` (`spent_plan`; None when
-    it could not be made: spent without planned); see the module docstring. ``set_aside``: the records it did not
+def account(comparison: Any, costs: Any) -> dict[str, Any]:
+    """The comparison's account: its sessions, totals and each unit's spend beside ``costs`` (`spent_costs`; None when
+    they could not be counted: spent without planned); see the module docstring. ``set_aside``: the records it did not
     count, each ``{"file", "why"}`` (`read_sessions`, `unit_attempts`)."""
     set_aside: list[dict[str, str]] = []
     sessions = read_sessions(comparison.output_dir, heartbeat_s(comparison.compare), set_aside)
     attempts = unit_attempts(comparison, set_aside)
-    planned = plan.by_key() if plan is not None else {}
+    planned = costs.by_key() if costs is not None else {}
     units: dict[str, dict[str, Any]] = {}
     for key, history in attempts.items():
         row = planned.get(key)
@@ -319,7 +316,7 @@ def account(comparison: Any, plan: Any) -> dict[str, Any]:
                       "devices": devices, "device_hours": spent * devices / 3600,
                       "planned_flops": row.flops if row else None, "planned_hours": row.hours if row else None,
                       "precision": row.precision if row else None,
-                      "mfu": row.flops / (spent * devices * plan.device.peak(row.precision))
+                      "mfu": row.flops / (spent * devices * costs.device.peak(row.precision))
                       if row and finished and spent > 0 else None}
     for session in sessions:
         session.update(_session_tallies(session["session"], attempts))
@@ -336,8 +333,9 @@ def account(comparison: Any, plan: Any) -> dict[str, Any]:
         **{state: sum(a["state"] == state for a in every) for state in ("died", "failed")},
         "device_hours": device_seconds / 3600,
         "wasted_device_hours": sum(u["wasted_s"] * u["devices"] for u in units.values()) / 3600,
-        "plan": None if plan is None else {"device": plan.device.name, "mfu": plan.mfu, "mfu_source": plan.mfu_source,
-                                           "flops": plan.flops, "device_hours": plan.hours},
+        "plan": None if costs is None else {"device": costs.device.name, "mfu": costs.mfu,
+                                            "mfu_source": costs.mfu_source, "flops": costs.flops,
+                                            "device_hours": costs.hours},
         "mfu": sum(u["planned_flops"] for u in done) / peak_seconds if peak_seconds else None,
         "units": units,
         "set_aside": set_aside,
@@ -356,10 +354,10 @@ def guarded(what: str, work: Callable[[], Any]) -> tuple[Any, str | None]:
         return None, why
 
 
-def settled(comparison: Any, plan: Any, failed: list[str]) -> dict[str, Any]:
-    """`account` with ``not_accounted``: what could not be made (``failed``: the plan's pricing; the account itself,
+def settled(comparison: Any, costs: Any, failed: list[str]) -> dict[str, Any]:
+    """`account` with ``not_accounted``: what could not be made (``failed``: the costs' pricing; the account itself,
     `guarded`); when the account itself failed, one that knows nothing (its figures None) and says so."""
-    acct, why = guarded("the account of what it spent", lambda: account(comparison, plan))
+    acct, why = guarded("the account of what it spent", lambda: account(comparison, costs))
     if acct is None:
         acct = {"sessions": [], "units": {}, "plan": None, "wall_s": None, "mfu": None, "set_aside": []}
     acct["not_accounted"] = [*failed, *([why] if why else [])]
@@ -367,5 +365,5 @@ def settled(comparison: Any, plan: Any, failed: list[str]) -> dict[str, Any]:
 
 
 __all__ = ["FLOPS_FILE", "HEARTBEAT_S", "SESSIONS_DIR", "SKEW_S", "Session", "account", "alive", "guarded",
-           "heartbeat_s", "latest_session", "own_process", "read_sessions", "record_problem", "settled", "spent_plan",
+           "heartbeat_s", "latest_session", "own_process", "read_sessions", "record_problem", "settled", "spent_costs",
            "unit_attempts"]

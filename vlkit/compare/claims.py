@@ -174,7 +174,7 @@ def seeds_needed(entries: list[dict[str, Any]], seed_hours: dict[str, float], al
     """Per claim: the seeds a fixed one-sided paired t-test needs for 80% power at Holm's strictest level
     (alpha / number of claims), at the paper's effect (``paper_effect``, points) and at the observed one, both with
     the observed SD of the paired differences, and what those seeds cost: ``seed_hours`` gives each run's
-    device-hours per seed (`vlkit.compare.plan`)."""
+    device-hours per seed (`vlkit.compare.costs`)."""
     level = alpha / max(1, len(entries))
     out = []
     for e in entries:

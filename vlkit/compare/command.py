@@ -208,9 +208,9 @@ def report_from_folder(comparison: Comparison, session: Any = None, how: str = "
     sessions' records; the units that are not finished are listed as missing, running, failed or stale. ``session``:
     this process's `vlkit.compare.account.Session`, ended ``how`` as the report takes the account. Returns the table
     and the account's line (and every run's records, with ``with_records``). A failure of the account (pricing the
-    plan, reading the sessions) costs no record: the report is written, its account saying what failed
+    units' FLOPs, reading the sessions) costs no record: the report is written, its account saying what failed
     (`vlkit.compare.account.guarded`)."""
-    from vlkit.compare.account import guarded, settled, spent_plan
+    from vlkit.compare.account import guarded, settled, spent_costs
     from vlkit.compare.manifest import write_manifest
     from vlkit.compare.plots import plot_alignment
     from vlkit.compare.report import account_line, account_notes, units_markdown, write_outputs
@@ -223,13 +223,13 @@ def report_from_folder(comparison: Comparison, session: Any = None, how: str = "
     replay_looks(comparison)
     states = unit_states(comparison)
     done = finished_results(comparison, states)
-    plan, why = guarded("the plan of the units (their FLOPs)", lambda: spent_plan(comparison, done))
+    spent, why = guarded("the FLOP costs of the units", lambda: spent_costs(comparison, done))
     failed = [why] if why else []
     unfinished = sum(st != "finished" for _, st, _ in states)
     if not done:
         if session is not None:
             session.end(how)
-        acct = settled(comparison, plan, failed)
+        acct = settled(comparison, spent, failed)
         units = units_markdown(output_dir, states, acct)
         atomic_write_text(output_dir / "units.md", units)
         shown = "\n".join([units, *account_notes(acct)])
@@ -247,14 +247,14 @@ def report_from_folder(comparison: Comparison, session: Any = None, how: str = "
     store = next((env.data["image"].get("path") for env in comparison._environments.values()
                   if env.data["image"].get("source") == "features"), None)
     costs = None
-    if cfg["compare"].get("claims") and plan is not None:  # what the seeds a claim needs would cost
-        from vlkit.compare.plan import seed_costs
+    if cfg["compare"].get("claims") and spent is not None:  # what the seeds a claim needs would cost
+        from vlkit.compare.costs import seed_costs
 
-        costs, why = guarded("the cost of more seeds", lambda: seed_costs(comparison, plan))
+        costs, why = guarded("the cost of more seeds", lambda: seed_costs(comparison, spent))
         failed += [why] if why else []
     if session is not None:  # the account's last figure: this session's span
         session.end(how)
-    acct = settled(comparison, plan, failed)
+    acct = settled(comparison, spent, failed)
     atomic_write_text(output_dir / "units.md", units_markdown(output_dir, states, acct))
     write_manifest(output_dir, cfg, audit, store, acct, complete=len(done) == len(states))
     table = write_outputs(output_dir, cfg, records, audit, curves, acct, costs) + "\n\n" + account_line(acct)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from vlkit.compare.config import RunSpec, objective_mix, run_data, run_specs, task_cfg
-from vlkit.compare.flops import on_meta
+from vlkit.flops.count import on_meta
 from vlkit.compare.units import Unit, config_hash
 from vlkit.environment import Environment, prepare_environment
 from vlkit.models.base import build_model

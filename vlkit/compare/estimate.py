@@ -1,6 +1,6 @@
 """``vlkit compare ... dry_run=true``: every unit with its dependency and resources, and what the comparison
 will cost, before anything is spent: by default from each unit's training FLOPs counted on its model at its
-shapes (`vlkit.compare.plan`, no data read), or with ``compare.plan.method=probe`` from a short probe measured on
+shapes (`vlkit.compare.costs`, no data read), or with ``compare.plan.method=probe`` from a short probe measured on
 this machine (a few training steps of each distinct model and objective mix, and of each distinct model and task)."""
 from __future__ import annotations
 
@@ -108,10 +108,12 @@ def simulate(durations: dict[str, float], depends: dict[str, str | None], order:
 
 def dry_run(comparison: Any, settings: Any) -> str:
     """The plan as text: one line per unit, then the total and the wall time per executor."""
-    from vlkit.compare.plan import plan_settings
+    from vlkit.compare.costs import cost_settings
 
-    plan = plan_settings(comparison.compare)
-    return flops_plan(comparison, settings, plan) if plan["method"] == "flops" else probe_plan(comparison, settings)
+    costs = cost_settings(comparison.compare)
+    if costs["method"] == "flops":
+        return flops_estimate(comparison, settings, costs)
+    return probe_estimate(comparison, settings)
 
 
 def executor_lines(settings: Any, wall_hours: Any) -> list[str]:
@@ -122,29 +124,28 @@ def executor_lines(settings: Any, wall_hours: Any) -> list[str]:
     return [cls.estimate_line(settings, wall_hours) for cls in executors().values()]
 
 
-def flops_plan(comparison: Any, settings: Any, plan_cfg: dict[str, Any]) -> str:
-    """The FLOP plan as text: per unit its FLOPs per step, steps, device-hours and wall; the total FLOPs and
+def flops_estimate(comparison: Any, settings: Any, plan_cfg: dict[str, Any]) -> str:
+    """The FLOP estimate as text: per unit its FLOPs per step, steps, device-hours and wall; the total FLOPs and
     GPU-hours, and the wall time per executor."""
+    from vlkit.compare.costs import count_costs
+    from vlkit.compare.executor_base import unit_nodes
     from vlkit.compare.looks import looks_plan
-    from vlkit.compare.plan import make_plan
     from vlkit.compare.report import figure, markdown_table
 
-    from vlkit.compare.executor_base import unit_nodes
-
     nodes = unit_nodes(comparison.compare)
-    plan = make_plan(comparison, plan_cfg, settings.gpus_per_unit, settings.threads, nodes)
-    units = [row.unit for row in plan.units]
+    costs = count_costs(comparison, plan_cfg, settings.gpus_per_unit, settings.threads, nodes)
+    units = [row.unit for row in costs.units]
     rows, depends, durations = [], {}, {}
-    for row in plan.units:
+    for row in costs.units:
         parent = row.unit.depends_on()
         depends[row.key] = comparison.key(parent) if parent else None
         durations[row.key] = row.wall_hours * 3600
         rows.append([row.key, depends[row.key] or "–", f"{row.steps:,}", figure(row.flops_per_step / 1e9),
                      figure(row.flops / 1e15), figure(row.hours), f"{row.devices}", figure(row.wall_hours)])
-    device = plan.device
+    device = costs.device
     kind = "GPU" if device.name != "cpu" else "CPU"
-    peaks = ", ".join(f"{p} {figure(device.peaks[p])}" for p in dict.fromkeys(r.precision for r in plan.units))
-    shapes = sorted({(r.shapes.batch_size, r.shapes.text_len, r.shapes.regions) for r in plan.units})
+    peaks = ", ".join(f"{p} {figure(device.peaks[p])}" for p in dict.fromkeys(r.precision for r in costs.units))
+    shapes = sorted({(r.shapes.batch_size, r.shapes.text_len, r.shapes.regions) for r in costs.units})
     out = [f"vlkit compare dry run: {len(units)} units ({sum(u.is_pretrain for u in units)} pre-trainings) of "
            f"{len(comparison.specs)} run(s) x {len(comparison.compare['seeds'])} seed(s); nothing is run.", "",
            markdown_table(["unit", "after", "steps", "GFLOP/step", "PFLOP", f"{kind}-hours", "devices", "wall h"],
@@ -152,18 +153,18 @@ def flops_plan(comparison: Any, settings: Any, plan_cfg: dict[str, Any]) -> str:
            "FLOPs: each unit's training step (forward and backward of every pass of its objective mix or task) "
            "counted by torch.utils.flop_counter on its model built on the meta device, at (batch, tokens, regions) "
            f"{', '.join(map(str, shapes))} (compare.plan.text_len / regions; patches from the model).",
-           f"Device: {device.name}, dense peak {peaks} TFLOPS; MFU {plan.mfu:.1%} ({plan.mfu_source}); hours = FLOPs "
+           f"Device: {device.name}, dense peak {peaks} TFLOPS; MFU {costs.mfu:.1%} ({costs.mfu_source}); hours = FLOPs "
            "/ (peak x MFU), training steps only, evaluation not included.",
-           f"Total: {figure(plan.flops / 1e15)} PFLOP = {figure(plan.hours)} {kind}-hours"
+           f"Total: {figure(costs.flops / 1e15)} PFLOP = {figure(costs.hours)} {kind}-hours"
            + (f" (units of {settings.threads} thread(s))." if device.name == "cpu" else ".")]
-    order = [r.key for r in plan.units]
+    order = [r.key for r in costs.units]
     out += executor_lines(settings, lambda n: figure(simulate(durations, depends, order, n) / 3600))
-    out += looks_plan(comparison, plan)
+    out += looks_plan(comparison, costs)
     return "\n".join(out)
 
 
-def probe_plan(comparison: Any, settings: Any) -> str:
-    """The measured plan (``compare.plan.method=probe``) as text: one line per unit, then device-hours and wall
+def probe_estimate(comparison: Any, settings: Any) -> str:
+    """The measured estimate (``compare.plan.method=probe``) as text: one line per unit, then device-hours and wall
     time per executor."""
     import torch
 

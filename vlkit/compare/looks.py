@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 
 from vlkit.compare import records
+from vlkit.compare.account import account, spent_costs
 from vlkit.compare.claims import POINTS, claim_runs, kind_of, verdicts
-from vlkit.compare.account import account, spent_plan
 from vlkit.compare.comparison import Comparison
 from vlkit.compare.config import look_sizes_of
-from vlkit.compare.plan import seed_costs
+from vlkit.compare.costs import seed_costs
 from vlkit.compare.preregistration import max_device_hours, seeds_cost, spend_factor
 from vlkit.compare.report import figure, markdown_table
 from vlkit.stats.paired import ALPHA
@@ -46,15 +46,15 @@ def next_look(comparison: Comparison) -> bool:
 def within_budget(comparison: Comparison, runs: set[int], size: int) -> bool:
     """Whether the look that takes ``runs`` to ``size`` seeds fits ``compare.max_device_hours`` (always, without
     one): the device-hours the current units spent (`vlkit.compare.account`) plus the look's seeds at the plan's
-    hours per seed (`vlkit.compare.plan.seed_costs`) times what finished units spent over what the plan gave them.
+    hours per seed (`vlkit.compare.costs.seed_costs`) times what finished units spent over what the plan gave them.
     Only the current look's units count, so a replay stops where the run stopped."""
     budget = max_device_hours(comparison.compare)
     if budget is None:
         return True
-    plan = spent_plan(comparison, records.finished_results(comparison))
-    acct = account(comparison, plan)
+    costs = spent_costs(comparison, records.finished_results(comparison))
+    acct = account(comparison, costs)
     names = {i: comparison.specs[i].name for i in runs}
-    price = seeds_cost(seed_costs(comparison, plan)["seed_hours"], {names[i]: len(comparison.seeds_of(i)) for i in runs},
+    price = seeds_cost(seed_costs(comparison, costs)["seed_hours"], {names[i]: len(comparison.seeds_of(i)) for i in runs},
                        {names[i]: size for i in runs}, spend_factor(acct))
     if acct["device_hours"] + price <= budget:
         return True
@@ -67,22 +67,22 @@ DRY_RUN_SIMS = 2000  # simulated comparisons behind the dry run's expected cost 
 DRY_RUN_SEED = 0
 
 
-def looks_plan(comparison: Comparison, plan: Any) -> list[str]:
+def looks_plan(comparison: Comparison, units: Any) -> list[str]:
     """The dry run's lines for ``compare.until=decided`` (empty for a fixed comparison): every look up to
     ``compare.max_seeds`` with the most the comparison can cost by then (every claim undecided until that look) and
     the expected cost at the paper effects (`vlkit.stats.simulate.simulate_claims` over claims with ``paper_effect``
-    and ``planning_sd``; the others counted undecided to the last look), ``plan``'s device-hours per seed
-    (`vlkit.compare.plan.seed_costs`); the seeds from which the sign-flip test can check a decision; the budget."""
+    and ``planning_sd``; the others counted undecided to the last look), the device-hours per seed of ``units`` (their
+    FLOP costs, `vlkit.compare.costs.seed_costs`); the seeds from which the sign-flip test can check a decision; the budget."""
     sizes = look_sizes_of(comparison.compare)
     if sizes is None:
         return []
     compare = comparison.compare
     claims = compare["claims"]
-    costs = seed_costs(comparison, plan)
+    costs = seed_costs(comparison, units)
     names = [spec.name for spec in comparison.specs]
     read = sorted({run for c in claims for run in claim_runs(c)}, key=names.index)
     start = {run: sizes[0] for run in read}
-    most = [plan.hours + seeds_cost(costs["seed_hours"], start, {run: n for run in read}) for n in sizes]
+    most = [units.hours + seeds_cost(costs["seed_hours"], start, {run: n for run in read}) for n in sizes]
     known = [c for c in claims if c.get("paper_effect") is not None and c.get("planning_sd")]
     rng = np.random.default_rng(DRY_RUN_SEED)
     diffs = np.stack([rng.normal(c["paper_effect"] / POINTS, c["planning_sd"] / POINTS, (DRY_RUN_SIMS, sizes[-1]))
@@ -93,7 +93,7 @@ def looks_plan(comparison: Comparison, plan: Any) -> list[str]:
                                          [bool(c.get("contradict")) for c in claims])
     look[:, [i for i, c in enumerate(claims) if c not in known]] = len(sizes) - 1
     seeds = final_seeds(look, sizes, [[read.index(r) for r in claim_runs(c)] for c in claims], len(read), sizes[0])
-    expected = plan.hours + float(np.mean([seeds_cost(costs["seed_hours"], start, dict(zip(read, row)))
+    expected = units.hours + float(np.mean([seeds_cost(costs["seed_hours"], start, dict(zip(read, row)))
                                            for row in seeds]))
     reached = [(look >= k).any(1).mean() for k in range(len(sizes))]
     hypotheses = len(claims) + sum(bool(c.get("contradict")) for c in claims)

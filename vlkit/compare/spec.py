@@ -1,6 +1,6 @@
 """The typed spec of ``vlkit compare`` (`CompareSpec`, with its plan settings): the comparison's config, each of
 its keys checked once, by its owner, before any file is written (the rules of the comparison's own keys here;
-``compare.plan.*`` by `vlkit.compare.plan.plan_settings`, ``compare.heartbeat_s`` by
+``compare.plan.*`` by `vlkit.compare.costs.cost_settings`, ``compare.heartbeat_s`` by
 `vlkit.compare.account.heartbeat_s`, ``compare.until`` / ``max_seeds`` / ``round_seeds`` by
 `vlkit.compare.config.look_sizes_of`, the data block by `vlkit.data.spec`)."""
 from __future__ import annotations
@@ -11,13 +11,13 @@ from typing import Any, Mapping
 
 from vlkit.compare.account import heartbeat_s
 from vlkit.compare.config import drop_preset_title, look_sizes_of, resolve_config
-from vlkit.compare.plan import plan_settings
+from vlkit.compare.costs import cost_settings
 from vlkit.config import COUNT, NATURAL, SWITCH, Problem, SpecError, check_rules
 from vlkit.data.spec import data_problems
 from vlkit.train.spec import register_configs as register_training_configs
 
 
-# The rules of the comparison's own keys (``compare.plan.*`` is `vlkit.compare.plan.plan_settings`'s,
+# The rules of the comparison's own keys (``compare.plan.*`` is `vlkit.compare.costs.cost_settings`'s,
 # ``compare.heartbeat_s`` `vlkit.compare.account.heartbeat_s`'s, ``compare.max_seeds`` / ``round_seeds`` / ``until``
 # `look_sizes_of`'s, ``compare.seeds`` `seeds_problems`', the trainers' `Comparison.check_trainers`').
 COMPARE_RULES = {
@@ -101,7 +101,7 @@ class CompareSpec:
             drop_preset_title(compare, explicit)
         problems = check_rules(COMPARE_RULES, config) + data_problems(config.get("data"))
         problems += seeds_problems(compare.get("seeds"))
-        plan = _checked(problems, plan_settings, compare) or {}
+        plan = _checked(problems, cost_settings, compare) or {}
         _checked(problems, heartbeat_s, compare)
         _checked(problems, look_sizes_of, compare)
         if problems:

@@ -310,7 +310,7 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
                       padded: bool = True, values: bool = True) -> VLBatch:
         """Valid random inputs of the kind this family takes, on the model's device; the last example is padded
         shorter (``padded``). ``values=False``: the floating-point inputs are shapes only, on the meta device, and
-        ids and masks stay on the CPU (a FLOP count, `vlkit.compare.flops`)."""
+        ids and masks stay on the CPU (a FLOP count, `vlkit.flops.count`)."""
         g = torch.Generator().manual_seed(seed)
 
         def floats(*shape: int, normal: bool = False) -> torch.Tensor:

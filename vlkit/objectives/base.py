@@ -182,6 +182,23 @@ def require_regions(name: str, model: VLModel) -> None:
         raise IncompatibleObjective(f"objective {name!r} needs region features; {model.family} takes {model.image_input}")
 
 
+SCORES = ("masked", "all")  # a masked-modelling head decodes the masked positions only, or every position
+
+
+def check_score(name: str, score: str) -> str:
+    """A masked-modelling objective's ``score`` option (`SCORES`), or an error naming the objective."""
+    if score not in SCORES:
+        raise ValueError(f"{name}: score must be one of {', '.join(SCORES)} (all: every position decoded, the loss "
+                         f"at the masked ones, as ViLBERT's and METER's official heads do), not {score!r}")
+    return score
+
+
+def at_mask(x: Tensor, mask: Tensor) -> Tensor:
+    """``x[mask]`` for ``x`` [B, L, ...] and a [B, L] bool ``mask``, taken by integer index: a count on the meta
+    device (`vlkit.flops.count`) selects by the mask's values without materialising ``x``."""
+    return x.flatten(0, 1).index_select(0, mask.flatten().nonzero().squeeze(1).to(x.device))
+
+
 def masked_rows(mask: Tensor, rows: Tensor | None) -> Tensor:
     """Restrict a [B, L] target mask to the rows in ``rows`` [B] (None keeps all)."""
     return mask if rows is None else mask & rows.view(-1, 1)

@@ -25,7 +25,7 @@ from vlkit.types import VLBatch
 __all__ = ["BASE_KEYS", "Corruption", "CorruptionContractError", "keyword_defaults", "masking_options", "views"]
 
 # the keys of a mix besides the views' options blocks (`Corruption.options_key`)
-BASE_KEYS = ("sampling", "masking", "seed", "mask_only_matched", "objectives")
+BASE_KEYS = ("sampling", "masking", "seed", "mask_only_matched", "share_encodings", "objectives")
 
 
 def keyword_defaults(function: Callable[..., Any], names: tuple[str, ...]) -> dict[str, Any]:

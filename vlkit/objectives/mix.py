@@ -37,7 +37,8 @@ from vlkit.registry import CORRUPTIONS, OBJECTIVES, UnknownNameError, did_you_me
 from vlkit.types import Encoded, LossOutput, VLBatch
 
 # the modes of a mix when it names none (its views' options: `vlkit.objectives.corruption`)
-DEFAULTS = {"sampling": "per_batch", "masking": "conditional", "seed": 0, "mask_only_matched": False}
+DEFAULTS = {"sampling": "per_batch", "masking": "conditional", "seed": 0, "mask_only_matched": False,
+            "share_encodings": True}
 UNIMODAL = "unimodal"  # a pass of encode_text / encode_image over the clean batch, no fusion
 PRESET_DIR = config_dir() / "objectives"
 
@@ -175,6 +176,9 @@ class Pretraining(nn.Module):
         self.sampling, self.masking = cfg_or_default["sampling"], cfg_or_default["masking"]
         self.seed = int(cfg_or_default["seed"] if seed is None else seed)
         self.mask_only_matched = bool(cfg_or_default["mask_only_matched"])
+        # false: every pass encodes what it shows, as METER's official code runs its vision tower in each of its two
+        # passes; the same losses, more arithmetic (a paper's run as it ran, `vlkit.compare.costs`)
+        self.share_encodings = bool(cfg_or_default["share_encodings"])
         self.tokens = tokens or TokenInfo(vocab_size=model.vocab_size)
         self.objectives = nn.ModuleDict()
         self.units: list[Unit] = []
@@ -213,7 +217,8 @@ class Pretraining(nn.Module):
         """Per side (``text``, ``image``), whether its encoding draws no random numbers in the current mode, so
         that the passes of a step can share one clean encoding (read once per `train` / `eval`)."""
         if self._shared_sides is None:
-            self._shared_sides = {side: not any(stochastic(m) for m in self.model.encoding_modules(side))
+            self._shared_sides = {side: self.share_encodings and not any(stochastic(m)
+                                                                         for m in self.model.encoding_modules(side))
                                   for side in ("text", "image")}
         return self._shared_sides
 

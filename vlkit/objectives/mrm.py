@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from vlkit.models.base import VLModel
 from vlkit.objectives.base import (IncompatibleObjective, Objective, PassContext, PredictionHeadTransform, accuracy,
-                                   masked_rows, require_regions)
+                                   at_mask, check_score, masked_rows, require_regions)
 from vlkit.registry import register_objective
 from vlkit.types import LossOutput, VLBatch, VLOutput
 
@@ -73,13 +73,16 @@ class RegionClassifier(nn.Module):
 
 class _RegionClassification(Objective):
     """``share_head`` names the other region-classification objective of the mixture whose head this one
-    uses (UNITER's one ``region_classifier`` serves both MRC and MRC-kl)."""
+    uses (UNITER's one ``region_classifier`` serves both MRC and MRC-kl). ``score``: ``masked`` classifies the
+    masked regions only (UNITER's official code), ``all`` every region with the loss at the masked ones
+    (ViLBERT's official ``imagePredictions``): the same loss, more arithmetic."""
 
     view = "regions"
     needs_soft_labels = True
 
-    def __init__(self, model: VLModel, reduction: str = "mean", share_head: str | None = None):
+    def __init__(self, model: VLModel, reduction: str = "mean", share_head: str | None = None, score: str = "masked"):
         super().__init__(model)
+        self.score = check_score(self.name, score)
         if reduction not in ("mean", "per_region"):
             raise ValueError(f"{self.name}: reduction must be 'mean' (UNITER) or 'per_region' (ViLBERT), not {reduction!r}")
         self.reduction = reduction
@@ -105,7 +108,7 @@ class _RegionClassification(Objective):
                                         "'region_classes')")
 
     def rows(self, ctx: PassContext) -> tuple[None, Tensor] | None:
-        return _masked_region_rows(ctx)
+        return None if self.score == "all" else _masked_region_rows(ctx)
 
     def _scored(self, out: VLOutput, ctx: PassContext) -> tuple[Tensor, Tensor]:
         states, chosen = _masked_targets(self.name, out, ctx)
@@ -115,7 +118,9 @@ class _RegionClassification(Objective):
         if soft.shape[-1] != self.num_classes:
             raise ValueError(f"{self.name}: soft labels have {soft.shape[-1]} classes, the model takes "
                              f"{self.num_classes} (region_classes)")
-        return self.predictions(states), soft[chosen]
+        logits = at_mask(self.predictions(out.region_states), chosen) if self.score == "all" else \
+            self.predictions(states)
+        return logits, soft[chosen]
 
 
 @register_objective("mrc")

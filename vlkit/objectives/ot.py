@@ -20,7 +20,7 @@ __all__ = ["cosine_cost", "ipot", "ipot_plan", "wra_distance", "wra_loss"]
 
 def _fp32(device: torch.device) -> contextlib.AbstractContextManager:
     """Disable autocast on ``device`` so the OT runs in fp32 (the official code calls ``.float()``); the meta
-    device (a FLOP count, `vlkit.compare.flops`) has no autocast."""
+    device (a FLOP count, `vlkit.flops.count`) has no autocast."""
     if device.type == "meta":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, enabled=False)

@@ -108,7 +108,7 @@ class Task(nn.Module, metaclass=abc.ABCMeta):
 
     @classmethod
     def plan_options(cls, cfg: Mapping[str, Any]) -> dict[str, Any]:
-        """The constructor options `build_data` derives from the data, as a FLOP plan (`vlkit.compare.flops`)
+        """The constructor options `build_data` derives from the data, as a FLOP plan (`vlkit.flops.count`)
         assumes them without reading any: none by default."""
         return {}
 

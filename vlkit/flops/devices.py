@@ -18,8 +18,8 @@ MFU defaults, the model FLOPs a large training run achieved as a share of the pe
 - L4, TITAN X: no published training run; the V100's figure, the lowest of the table.
 - cpu: 30%, the share of this machine's GEMM rate a tiny vlkit training step reaches
   (`benchmarks/step_efficiency.py`: 24-36% for the three families, benchmarks/results/step_efficiency.json).
-Small vision-and-language models at short sequences reach less than these large language models: the papers'
-own times imply 4-15% (docs/compare-plans.md), so set ``compare.plan.mfu`` from a run of your own
+Small vision-and-language models at short sequences reach less than these large language models (no paper's
+reported time is traced to its recipe: docs/compare-plans.md), so set ``compare.plan.mfu`` from a run of your own
 (`vlkit compare-report` gives the MFU a finished comparison achieved).
 """
 from __future__ import annotations
@@ -68,6 +68,25 @@ def gpu_device(name: str) -> str | None:
     return next((key for key in DEVICES if key in lowered), None)
 
 
+def choose_device(requested: str | None, gpus: int, ran_on: list[str] | None = None) -> str:
+    """The one rule for the device a comparison is priced on (the dry run's estimate, a seed's cost, the account):
+    ``compare.plan.device`` (``requested``) when set; else this machine's CPU when units take no GPU, else the
+    visible GPU when the table knows it, else the A100. ``ran_on``: the CUDA device names the finished units
+    recorded (pricing what was spent): units that took no GPU ran on this CPU, and the first recorded GPU the table
+    knows comes before ``requested``."""
+    if ran_on is not None:
+        if not gpus:
+            return "cpu"
+        requested = next((d for d in map(gpu_device, ran_on) if d), requested)
+    if requested:
+        return requested
+    if not gpus:
+        return "cpu"
+    import torch
+
+    return gpu_device(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "") or "a100"
+
+
 def cpu_device(threads: int, precisions: tuple[str, ...] = ("fp32",)) -> Device:
     """This machine on ``threads`` threads: its measured GEMM rate per precision (`vlkit.runtime.gemm_gflops`) as
     the peak, and vlkit's measured step efficiency as the MFU."""
@@ -85,4 +104,5 @@ def cpu_device(threads: int, precisions: tuple[str, ...] = ("fp32",)) -> Device:
     return Device("cpu", peaks, CPU_MFU, CPU_MFU_SOURCE)
 
 
-__all__ = ["CPU_MFU", "DEVICES", "Device", "PRECISIONS", "TRAINER_PRECISION", "cpu_device", "gpu_device"]
+__all__ = ["CPU_MFU", "DEVICES", "Device", "PRECISIONS", "TRAINER_PRECISION", "choose_device", "cpu_device",
+           "gpu_device"]

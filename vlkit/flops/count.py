@@ -12,9 +12,8 @@ matrix products, convolutions and attention, the arithmetic that decides a step'
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +22,6 @@ from torch.nn.attention import SDPBackend
 from torch.overrides import TorchFunctionMode
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 aten = torch.ops.aten
 META = torch.device("meta")
@@ -56,6 +54,11 @@ class _Totals:
         return None
 
 
+def _counter_registry() -> dict[Any, Callable[..., int]]:
+    """The FLOP formulas `flop_counter_mode` counts with, by operation."""
+    return flop_counter_mode().flop_registry
+
+
 def flop_counter_mode() -> flop_counter.FlopCounterMode:
     """torch's FLOP counter, quiet, totals only, with the CPU attention kernel counted like the GPU ones."""
     counter = flop_counter.FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION)
@@ -72,31 +75,52 @@ class MetaCompute(TorchDispatchMode):
     arithmetic); one that needs values there (a boolean mask, ``.item()``) runs on zeros of the meta inputs'
     shapes, and its floating-point results go back to meta. Integer and boolean tensors are never moved to
     meta, so masks and indices keep their values. The result of a pure operation on meta depends on its inputs'
-    shapes only, so it is remembered per shapes (a model's layers repeat theirs, a plan's units their models')."""
+    shapes only, so it is remembered per shapes (a model's layers repeat theirs, a plan's units their models').
+
+    ``counting``: the mode also counts the FLOPs of what it runs into ``flops``, as `flop_counter_mode` would
+    around it (the same registry and decompositions) without a second mode's dispatch on every operation."""
 
     _results: dict[Any, Any] = {}  # signature -> the result's layout, shared by every count of the process
 
+    def __init__(self, counting: bool = False) -> None:
+        super().__init__()
+        self.registry = _counter_registry() if counting else None
+        self.flops = 0
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.registry is None:
+            return self._run(func, args, kwargs)
+        # as torch's FlopCounterMode: an operation it has no formula for runs decomposed where it decomposes
+        if func not in self.registry and func is not torch.ops.prim.device.default:
+            with self:
+                decomposed = func.decompose(*args, **kwargs)
+            if decomposed is not NotImplemented:
+                return decomposed
+        out = self._run(func, args, kwargs)
+        formula = self.registry.get(func._overloadpacket)
+        if formula is not None:
+            self.flops += formula(*args, **kwargs, out_val=out)
+        return out
+
+    def _run(self, func, args, kwargs):
         if kwargs.get("device") == META and not _floating_dtype(kwargs.get("dtype")):
             kwargs = {**kwargs, "device": CPU}  # a mask made "on the model's device" stays real
         if func is aten._to_copy.default and kwargs.get("device") == META and not _floating(args[0]):
             return args[0].clone()
-        leaves, spec = tree_flatten((args, kwargs))
+        leaves = _leaves((args, kwargs))
         tensors = [isinstance(t, torch.Tensor) for t in leaves]
         if not any(is_tensor and t.is_meta for is_tensor, t in zip(tensors, leaves)):
             return func(*args, **kwargs)
 
         def call(convert: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-            a, k = tree_unflatten([convert(t) if is_tensor else t for is_tensor, t in zip(tensors, leaves)], spec)
-            return func(*a, **k)
+            return func(*_tensor_map(convert, args), **_tensor_map(convert, kwargs))
 
         out = None
         key = _signature(func, tensors, leaves)
         if key is not None and key in self._results:
-            layout, out_spec = self._results[key]
-            out = tree_unflatten([torch.empty_strided(x.shape, x.stride, dtype=x.dtype, device=META)
-                                  if isinstance(x, _Layout) else x for x in layout], out_spec)
+            out = _map(lambda x: torch.empty_strided(x.shape, x.stride, dtype=x.dtype, device=META)
+                       if isinstance(x, _Layout) else x, self._results[key])
         elif func is not aten._local_scalar_dense.default:
             try:
                 out = call(lambda t: t if t.is_meta else t.to(META))
@@ -104,14 +128,12 @@ class MetaCompute(TorchDispatchMode):
                 pass  # needs values (a data-dependent shape): run on zeros below
             else:
                 if key is not None:
-                    flat, out_spec = tree_flatten(out)
-                    self._results[key] = ([_Layout(tuple(t.shape), t.stride(), t.dtype)
-                                           if isinstance(t, torch.Tensor) else t for t in flat], out_spec)
+                    self._results[key] = _tensor_map(lambda t: _Layout(tuple(t.shape), t.stride(), t.dtype), out)
         if out is None:
             out = call(lambda t: torch.zeros(t.shape, dtype=t.dtype) if t.is_meta else t)
-            out = tree_map(lambda t: t.to(META) if isinstance(t, torch.Tensor) and _floating(t) else t, out)
+            out = _tensor_map(lambda t: t.to(META) if _floating(t) else t, out)
         if not torch.is_grad_enabled():  # a view of a parameter taken under no_grad must not ask for its gradient
-            out = tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) and t.requires_grad else t, out)
+            out = _tensor_map(lambda t: t.detach() if t.requires_grad else t, out)
         return out
 
 
@@ -137,6 +159,29 @@ class CPUAttention(TorchFunctionMode):
                     a["query"], a["key"], a["value"], a["dropout_p"], a["is_causal"], attn_mask=a["attn_mask"],
                     scale=a["scale"])[0]
         return func(*args, **kwargs)
+
+
+def _leaves(tree: Any) -> list[Any]:
+    """The leaves of an operation's arguments or results (tuples, lists and dicts of them), in order: torch's
+    pytree without its registry, which an operation's plain containers do not need (it costs most of a count)."""
+    if isinstance(tree, (tuple, list)):
+        return [leaf for item in tree for leaf in _leaves(item)]
+    if isinstance(tree, dict):
+        return [leaf for item in tree.values() for leaf in _leaves(item)]
+    return [tree]
+
+
+def _map(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """``tree`` with ``fn`` applied to every leaf (a `_Layout` is one), its tuples, lists and dicts kept."""
+    if isinstance(tree, (tuple, list)) and not isinstance(tree, _Layout):
+        return type(tree)(_map(fn, item) for item in tree)
+    if isinstance(tree, dict):
+        return {k: _map(fn, v) for k, v in tree.items()}
+    return fn(tree)
+
+
+def _tensor_map(fn: Callable[[torch.Tensor], Any], tree: Any) -> Any:
+    return _map(lambda x: fn(x) if isinstance(x, torch.Tensor) else x, tree)
 
 
 class _Layout(NamedTuple):
@@ -175,12 +220,13 @@ def step_flops(module: nn.Module, batch: Any, **forward: Any) -> int:
     """FLOPs of one training step of ``module`` (a `Pretraining` or a `Task`) on ``batch``: forward and backward.
     A module on the meta device (`on_meta`) is counted without computing (`MetaCompute`), a real one by running it."""
     module.train()
-    meta = any(p.is_meta for p in module.parameters())
-    counter = flop_counter_mode()
-    with (MetaCompute() if meta else contextlib.nullcontext(), CPUAttention() if meta else contextlib.nullcontext(),
-          counter):
+    if not any(p.is_meta for p in module.parameters()):
+        with flop_counter_mode() as counter:
+            module(batch, **forward).loss.backward()
+        return counter.get_total_flops()
+    with MetaCompute(counting=True) as mode, CPUAttention():
         module(batch, **forward).loss.backward()
-    return counter.get_total_flops()
+    return mode.flops
 
 
 @dataclass(frozen=True)
@@ -217,45 +263,5 @@ def finetune_step_flops(task: Any, shapes: StepShapes, values: bool = False) -> 
     return float(step_flops(task, task.example_batch(shapes.batch_size, shapes.text_len, shapes.regions, values)))
 
 
-def plan_sizes(cls: Any, overrides: Mapping[str, Any], data: Mapping[str, Any], config: Any) -> dict[str, Any]:
-    """The model sizes the data decides (`vlkit.environment.data_sizes`), read without the data: the
-    vocabulary of a tokenizer on this machine (``shapes``, a folder, the local hub cache; else the family's
-    preset keeps its own), the feature size and classes of the shapes world's detector or of a feature store's
-    header (else the preset's)."""
-    from types import SimpleNamespace
-
-    from vlkit.data import tokenizers
-    from vlkit.environment import data_sizes
-
-    name = str(data.get("tokenizer") or tokenizers.family_tokenizer(cls, config))
-    local = tokenizers.on_this_machine(name)
-    vocab = tokenizers.build_tokenizer(name) if local else ()
-    store = _store_header(data) if cls.image_input == "regions" else None
-    sizes = data_sizes(cls, overrides, vocab, SimpleNamespace(store=store))
-    if not local:  # the preset keeps its own vocabulary
-        sizes.pop(cls.data_fields(overrides).get("vocab_size"), None)
-    return sizes
-
-
-def _store_header(data: Mapping[str, Any]) -> Any:
-    """``feature_dim`` / ``num_classes`` of the run's region features: the shapes detector's, a store's on disk, or None."""
-    from pathlib import Path
-    from types import SimpleNamespace
-
-    image = data.get("image") or {}
-    if data.get("name") == "shapes" and image.get("source", "shapes") == "shapes":
-        from vlkit.features.detector.weights import shapes_detector_config
-
-        cfg = shapes_detector_config()
-        return SimpleNamespace(feature_dim=cfg.feature_dim, num_classes=cfg.num_classes)
-    path = image.get("path")
-    if path and Path(path).is_file():
-        from vlkit.features.store import FeatureStore
-
-        with FeatureStore(path) as store:
-            return SimpleNamespace(feature_dim=store.feature_dim, num_classes=store.num_classes)
-    return None
-
-
 __all__ = ["CPU_ATTENTION", "MetaCompute", "StepShapes", "finetune_step_flops", "flop_counter_mode", "on_meta",
-           "plan_sizes", "pretrain_step_flops", "step_flops"]
+           "pretrain_step_flops", "step_flops"]
