@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from vlkit.compare.records import POINTS  # records hold fractions; claims' paper effects and margins are in points
 from vlkit.stats.paired import ALPHA, POWER, finite, paired_test
 from vlkit.stats.sequential import KINDS, OPPOSITE, seeds_for_power, sequential_claims
 
@@ -37,7 +38,6 @@ EXPECTATIONS = ("higher", "lower")
 CLAIM_KINDS = ("superiority", "not_higher", "equivalent")
 CLAIM_KEYS = {"claim", "a", "b", "metric", "expect", "kind", "margin", "contradict", "paper", "paper_effect",
               "planning_sd"}
-POINTS = 100.0  # records hold fractions; claims' paper effects and margins are in points
 
 
 def _rows(records: list[dict[str, Any]], ref: str) -> list[dict[str, Any]]:
