@@ -13,14 +13,23 @@ import functools
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Mapping
 
 from torch import nn
 
+from vlkit.compare.config import objective_mix, run_data, unit_threads
+from vlkit.compare.executor_base import unit_nodes
+from vlkit.data import tokenizers
+from vlkit.environment import data_sizes
 from vlkit.flops.buckets import Spread, stated_buckets
-from vlkit.flops.count import StepShapes
+from vlkit.flops.count import StepShapes, finetune_step_flops, on_meta, pretrain_step_flops
 from vlkit.flops.devices import DEVICES, PRECISIONS, TRAINER_PRECISION, Device, choose_device, cpu_device
-from vlkit.registry import TASKS, did_you_mean
+from vlkit.models.base import build_model, split_model_config
+from vlkit.objectives.mix import build_pretraining
+from vlkit.registry import MODELS, TASKS, did_you_mean
+from vlkit.tasks import build_task
 
 
 @dataclass
@@ -163,8 +172,6 @@ def unit_shapes(comparison: Any, unit: Any, settings: dict[str, Any], model: Any
     on each of ``devices``): from ``compare.plan.lengths`` when set (`bucket_shapes`), else full batches at those
     shapes. A text longer than the model's positions, or more regions than the data's ``max_bb``, is refused.
     ``task_cfg``: the fine-tuning's task config when already read."""
-    from vlkit.compare.config import run_data
-
     spec = comparison.specs[unit.run]
     data = run_data(comparison.cfg["data"], spec)
     task = None if unit.is_pretrain else task_cfg or comparison.task_cfg(unit.task, spec)
@@ -205,13 +212,6 @@ def _count_unit(comparison: Any, unit: Any, settings: dict[str, Any], models: di
     """``unit``'s kind (the sha256 of what its count depends on), shapes and precision; its FLOPs per step counted
     into ``counted`` unless a unit of its kind was; ``models``: what is read once per comparison (each distinct
     model, built on the meta device, and each run's mix and task configs)."""
-    from vlkit.compare.config import objective_mix, run_data
-    from vlkit.flops.count import finetune_step_flops, on_meta, pretrain_step_flops
-    from vlkit.models.base import build_model, split_model_config
-    from vlkit.objectives.mix import build_pretraining
-    from vlkit.registry import MODELS
-    from vlkit.tasks import build_task
-
     spec = comparison.specs[unit.run]
     data = run_data(comparison.cfg["data"], spec)
     model_key = json.dumps([spec.model, data], sort_keys=True, default=str)
@@ -274,15 +274,10 @@ def count_costs(comparison: Any, settings: dict[str, Any], gpus_per_unit: int = 
 
 
 def model_sizes(cls: Any, overrides: Mapping[str, Any], data: Mapping[str, Any], config: Any) -> dict[str, Any]:
-    """The model sizes the data decides (`vlkit.train.pipeline.data_sizes`), read without the data: the
+    """The model sizes the data decides (`vlkit.environment.data_sizes`), read without the data: the
     vocabulary of a tokenizer on this machine (``shapes``, a folder, the local hub cache; else the family's
     preset keeps its own), the feature size and classes of the shapes world's detector or of a feature store's
     header (else the preset's)."""
-    from types import SimpleNamespace
-
-    from vlkit.data import tokenizers
-    from vlkit.train.pipeline import data_sizes
-
     name = str(data.get("tokenizer") or tokenizers.family_tokenizer(cls, config))
     local = tokenizers.on_this_machine(name)
     vocab = range(_vocabulary(name)) if local else ()
@@ -296,17 +291,12 @@ def model_sizes(cls: Any, overrides: Mapping[str, Any], data: Mapping[str, Any],
 @functools.lru_cache(maxsize=None)
 def _vocabulary(name: str) -> int:
     """The size of tokenizer ``name``'s vocabulary (read once per process)."""
-    from vlkit.data import tokenizers
-
     return len(tokenizers.build_tokenizer(name))
 
 
 def _store_header(data: Mapping[str, Any]) -> Any:
     """``feature_dim`` / ``num_classes`` of the run's region features: the shapes detector's, a store's on disk, or
     None."""
-    from pathlib import Path
-    from types import SimpleNamespace
-
     image = data.get("image") or {}
     if data.get("name") == "shapes" and image.get("source", "shapes") == "shapes":
         return _shapes_detector()
@@ -322,8 +312,6 @@ def _store_header(data: Mapping[str, Any]) -> Any:
 @functools.lru_cache(maxsize=None)
 def _shapes_detector() -> Any:
     """The shapes world's detector's ``feature_dim`` / ``num_classes`` (read once per process)."""
-    from types import SimpleNamespace
-
     from vlkit.features.detector.weights import shapes_detector_config
 
     cfg = shapes_detector_config()
@@ -334,9 +322,6 @@ def seed_costs(comparison: Any, made: Costs | None = None) -> dict[str, Any]:
     """What one more seed of each run costs on the priced device (``compare.plan``): device-hours per run, the mean
     over its seeds of its units' hours; with the device and MFU they assume. ``made``: the comparison's costs
     already counted, used when they are on that device."""
-    from vlkit.compare.config import unit_threads
-    from vlkit.compare.executor_base import unit_nodes
-
     compare = comparison.compare
     gpus = int(compare.get("gpus_per_unit") or 0)
     settings = cost_settings(compare)
