@@ -47,7 +47,7 @@ def test_a_failing_account_keeps_every_record_and_the_report_says_what_failed(tm
     unit = json.loads((out / "runs/scratch/seed0/scratch-vqa/unit.json").read_text())
     assert unit["state"] == "finished" and unit["result"]["metrics"]
     results = (out / "results.md").read_text()
-    note = "Not accounted: the plan of the units (their FLOPs) failed: RuntimeError: injected."
+    note = "Not accounted: the FLOP costs of the units failed: RuntimeError: injected."
     assert note in results and note in stdout and "Spent: wall time" in results
     assert json.loads((out / "results.json").read_text())["records"]
 
