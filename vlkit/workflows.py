@@ -34,6 +34,7 @@ from vlkit.compare.command import main as compare_command
 from vlkit.compare.config import comparison_file
 from vlkit.compare.spec import CompareSpec, register_configs
 from vlkit.config import Problem, SpecError, compose_errors, defaults, merge_known, python_spelling
+from vlkit.environment import cache_dir as cache_root
 from vlkit.io import atomic_write_text, config_dir, read_yaml
 from vlkit.models.base import MODELS, ModelConfig, VLModel, model_name
 from vlkit.models.recipe import recipe_of
@@ -41,7 +42,6 @@ from vlkit.processor import VLProcessor, load_model_and_processor
 from vlkit.registry import TASKS, did_you_mean
 from vlkit.runs import read_run_info
 from vlkit.train import commands
-from vlkit.environment import cache_dir as cache_root
 from vlkit.train import spec as specs
 from vlkit.train.spec import EvaluateSpec, FinetuneSpec, PretrainSpec
 
