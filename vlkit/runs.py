@@ -123,6 +123,19 @@ def _ledger(path: Path) -> Path:
     return user_cache() / RECORDS / f"{_digest(str(path.resolve()).encode())[:32]}.json"
 
 
+def given_paths(data: Mapping[str, Any] | None, keys: Any = None) -> dict[str, Any]:
+    """``{command-line key: path}`` of the local paths (`PATH_KEYS`) a data config ``data`` sets (only ``keys``
+    when given, the keys the caller set): what `read_recorded_paths` takes as ``given``."""
+    out = {}
+    for path_keys, dotted in PATH_KEYS.items():
+        value: Any = data
+        for key in path_keys:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        if value is not None and (keys is None or dotted in keys):
+            out[dotted] = value
+    return out
+
+
 def read_recorded_path(value: str, record: str | os.PathLike, key: str, passed_as: str,
                        cache: str | os.PathLike | None = None) -> str:
     """A path ``record`` names under ``key`` (`record_paths`' form), resolved for reading by the module's rule, else

@@ -40,7 +40,7 @@ from vlkit.models.base import MODELS, ModelConfig, VLModel, model_name
 from vlkit.models.recipe import recipe_of
 from vlkit.processor import VLProcessor, load_model_and_processor
 from vlkit.registry import TASKS, did_you_mean
-from vlkit.runs import read_run_info
+from vlkit.runs import PATH_KEYS, given_paths, read_run_info, run_data
 from vlkit.train import commands
 from vlkit.train import spec as specs
 from vlkit.train.spec import EvaluateSpec, FinetuneSpec, PretrainSpec
@@ -227,8 +227,12 @@ def _data(call: _Call, data: Any, processor: VLProcessor | None, run: str | None
     the run's data, else the default one), or image-text pairs (a list of ``(image, caption)``, of ``{image_id,
     caption}`` records, or a torch Dataset of either) read through ``processor``; the processor's tokenizer and
     images either way. Without ``data`` a run (``run``) keeps the data it was trained on."""
-    recorded = read_run_info(run).get("data") if run and (Path(run) / "run.json").is_file() else None
     partial = isinstance(data, Mapping) and data.get("name") is None  # keys merged into the data source
+    recorded = None
+    if run and (Path(run) / "run.json").is_file() and processor is None and (data is None or partial):
+        # the run's data, its paths read by vlkit.runs' rule; a path given in ``data`` replaces the recorded one
+        names = {dotted: call.spell(dotted) for dotted in PATH_KEYS.values()}
+        recorded = run_data(run, given_paths(data) if partial else None, cache_dir, names)
     if data is None or partial:  # the source: the processor's images, else the run's data, else the default
         if processor is not None:
             if data is None and needs_pairs:

@@ -3,6 +3,7 @@
 that were given, and the preflight refuses a tokenizer that does not know the words of the text
 (``data.max_unk_rate``)."""
 import json
+import shutil
 
 import pytest
 from PIL import Image
@@ -139,7 +140,21 @@ def test_a_set_without_a_validation_split_is_refused_first_naming_the_fix(own, t
     assert json.loads((tmp_path / "ft" / "run.json").read_text())["metrics"] == {}
     # evaluating the test split without its files says which key gives them
     err = _problem(["evaluate", f"checkpoint={tmp_path / 'ft'}", "split=test"])
-    assert "task vqa has no 'test' split to evaluate" in err and "give its files, task.files.test=" in err
+    assert "task vqa has no 'test' split to evaluate" in err  # in the form of the run's files, less annotations
+    assert "give its files, task.files.test={image_id_format: 'img_{}', questions: FILE}" in err
+
+
+def test_evaluate_reads_the_runs_data_by_the_recorded_paths_rule(own, tmp_path):
+    """``evaluate checkpoint=`` of a run folder copied from elsewhere reads no data outside it unless passed."""
+    assert main(["finetune", *_args(own, tmp_path / "ft")]) == 0
+    shutil.copytree(tmp_path / "ft", tmp_path / "theirs")
+    err = _problem(["evaluate", f"checkpoint={tmp_path / 'theirs'}"])
+    assert f"data.image.path={own / 'images'} lies outside {tmp_path / 'theirs'}" in err
+    assert "pass data.image.path=PATH to read it" in err
+    given = [f"data.image.path={own / 'images'}", f"data.tokenizer={own / 'vocab'}"]
+    assert main(["evaluate", f"checkpoint={tmp_path / 'theirs'}", *given]) == 0
+    assert json.loads((tmp_path / "theirs" / "eval.json").read_text()) == json.loads(
+        (tmp_path / "ft" / "run.json").read_text())["metrics"]
 
 
 def test_a_region_family_on_an_image_folder_suggests_a_pixel_family(own, tmp_path):

@@ -17,6 +17,7 @@ from typing import Any
 from vlkit.config import plain
 from vlkit.environment import prepare_environment
 from vlkit.locks import hold
+from vlkit.runs import given_paths, run_data
 from vlkit.runtime import set_threads
 from vlkit.train import pipeline
 from vlkit.train.spec import EvaluateSpec, FinetuneSpec, PretrainSpec, RunResult
@@ -211,7 +212,10 @@ def _evaluate(spec: EvaluateSpec) -> RunResult:
         from vlkit.tasks.predictions import PREDICTIONS
 
         fmt = PREDICTIONS.get(task_cfg["name"])  # an unknown format fails before any work
-    data_cfg = _run_data(info["data"] if info.get("data") is not None else spec.data, directory, spec.explicit)
+    recorded = spec.data  # a run that records no data: the caller's; else the run's, its paths read by vlkit.runs
+    if info.get("data") is not None:  # (gone / not-own paths refused), a path the caller sets replacing the recorded
+        recorded = run_data(directory, given_paths(spec.data, spec.explicit), spec.cache_dir)
+    data_cfg = _run_data(recorded, directory, spec.explicit)
     env = prepare_environment(model_cfg, data_cfg, spec.cache_dir, init=directory)
     if info["kind"] == "finetune":
         model = pipeline.from_pretrained(directory / "model")
@@ -224,7 +228,7 @@ def _evaluate(spec: EvaluateSpec) -> RunResult:
     data = type(task).build_data(task_cfg, env.tokenizer, env.image_source, env.world)
     check = Preflight()
     check.check_tokenizer(env.tokenizer, env.data["tokenizer"], task, directory)
-    pipeline.check_task_data(check, task.name, _without_train(data), task, splits)
+    pipeline.check_task_data(check, task.name, _without_train(data), task, splits, task_cfg)
     check.finish()
     batch_size = task_cfg.get("eval_batch_size", 64)
     announced: dict[str, Any] = {"checkpoint": str(directory)}

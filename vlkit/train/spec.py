@@ -172,7 +172,7 @@ class FinetuneSpec(_TrainingSpec):
         fields, problems = cls._common(cfg)
         task = cfg.get("task") or {}
         problems += task_problems(task, required=True)
-        splits, found = splits_of(cfg.get("eval_splits"), "eval_splits")
+        splits, found = splits_of(cfg.get("eval_splits"), "eval_splits", empty=True)  # []: a run without evaluation
         _raise(problems + found)
         return cls(**fields, task=task, eval_splits=splits, **given)
 
@@ -190,11 +190,12 @@ def task_problems(task: Any, required: bool = False, key: str = "task") -> list[
     return []
 
 
-def splits_of(value: Any, key: str) -> tuple[tuple[str, ...], list[Problem]]:
-    """``value`` as a tuple of split names, or the problem of it."""
-    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value \
+def splits_of(value: Any, key: str, empty: bool = False) -> tuple[tuple[str, ...], list[Problem]]:
+    """``value`` as a tuple of split names, or the problem of it; ``empty``: ``[]`` (evaluate none) is allowed."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not (value or empty) \
             or not all(isinstance(s, str) for s in value):
-        return (), [Problem(key, f"={value!r}: give a list of split names, e.g. [val]")]
+        return (), [Problem(key, f"={value!r}: give a list of split names, e.g. [val]"
+                                 + ("" if empty else " (evaluate scores at least one)"))]
     return tuple(value), []
 
 
