@@ -421,7 +421,7 @@ def evaluate(run: Any, *, split: str | None = None, eval_splits: Sequence[str] |
     if eval_options:
         call.group("eval_options", dict(eval_options), "eval_options")
     spec = call.spec(lambda cfg: EvaluateSpec.from_config(cfg, explicit=frozenset(call.explicit),
-                                                          invocation="vlkit.evaluate(...)",
+                                                          invocation="vlkit.evaluate(...)", spell=call.spell,
                                                           **_given(quiet)))
     return _loadable(_run(commands.evaluate, spec))
 

@@ -155,3 +155,29 @@ def test_a_processor_json_naming_a_system_folder_is_refused_as_such(tmp_path, mo
     (tmp_path / "empty").mkdir()
     with pytest.raises(Exception, match=r"images=.*empty is a folder that holds no image files .* is no feature store"):
         vlkit.build_processor("meter/tiny", tokenizer="vocab", images="empty")
+
+
+def test_a_python_run_from_a_run_folder_reads_its_data_by_the_rule_in_python_spelling(tmp_path, monkeypatch,
+                                                                                       user_cache):
+    """``vlkit.pretrain(run)`` without ``data`` keeps the run's data, read by `vlkit.runs.run_data`: a copied run's
+    outside paths and a gone one are refused naming the argument that passes them; a path given replaces it."""
+    _world(tmp_path, ["red", "blue"])
+    monkeypatch.chdir(tmp_path)
+    assert main(["pretrain", "model=meter/tiny", "data=jsonl", "data.path=captions.jsonl", "data.image.source=folder",
+                 "data.image.path=photos", "data.tokenizer=vocab", "trainer.max_steps=2", "trainer.batch_size=2",
+                 "trainer.warmup=1", "trainer.progress=false", "trainer.trackers=[]", "trainer.output_dir=run"]) == 0
+    shutil.copytree(tmp_path / "run", tmp_path / "theirs")
+    trainer = {"max_steps": 2, "batch_size": 2, "warmup": 1, "progress": False, "trackers": []}
+    with pytest.raises(RecordedPathError) as err:
+        vlkit.pretrain(str(tmp_path / "theirs"), trainer=trainer, output_dir="again", quiet=True)
+    assert f"data.path={tmp_path / 'captions.jsonl'} lies outside" in str(err.value)
+    assert 'pass pretrain(data={"path": ...}) to read it' in str(err.value)
+
+    (tmp_path / "photos").rename(tmp_path / "moved")
+    with pytest.raises(RecordedPathError) as err:
+        vlkit.pretrain(str(tmp_path / "run"), trainer=trainer, output_dir="again", quiet=True)
+    assert f"data.image.path={tmp_path / 'photos'} is gone" in str(err.value)
+    assert 'pass pretrain(data={"image": {"path": ...}}) where it is now' in str(err.value)
+    vlkit.pretrain(str(tmp_path / "run"), data={"image": {"path": "moved"}}, trainer=trainer, output_dir="again",
+                   quiet=True)
+    assert json.loads((tmp_path / "again" / "run.json").read_text())["data"]["image"]["path"] == str(tmp_path / "moved")

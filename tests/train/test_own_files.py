@@ -8,6 +8,7 @@ import shutil
 import pytest
 from PIL import Image
 
+import vlkit
 from vlkit.cli import compose, main
 from vlkit.validate import DataError
 
@@ -151,6 +152,8 @@ def test_evaluate_reads_the_runs_data_by_the_recorded_paths_rule(own, tmp_path):
     err = _problem(["evaluate", f"checkpoint={tmp_path / 'theirs'}"])
     assert f"data.image.path={own / 'images'} lies outside {tmp_path / 'theirs'}" in err
     assert "pass data.image.path=PATH to read it" in err
+    with pytest.raises(DataError, match=r'pass evaluate\(data=\{"image": \{"path": \.\.\.\}\}\) to read it'):
+        vlkit.evaluate(tmp_path / "theirs", quiet=True)  # from Python: the argument that passes it
     given = [f"data.image.path={own / 'images'}", f"data.tokenizer={own / 'vocab'}"]
     assert main(["evaluate", f"checkpoint={tmp_path / 'theirs'}", *given]) == 0
     assert json.loads((tmp_path / "theirs" / "eval.json").read_text()) == json.loads(

@@ -168,6 +168,27 @@ def test_problems_are_named_in_each_callers_spelling(tmp_path):
 
 
 # -- the doors -----------------------------------------------------------------------------------------------------
+def test_the_keys_the_preflight_and_recorded_paths_name_have_a_python_spelling():
+    """The keys vlkit.runs' and the missing-split messages name, written as docs/python.md's table says."""
+    from vlkit.config import python_spelling
+
+    spell = {f: python_spelling(f, workflows.ARGUMENTS[f]) for f in ("finetune", "evaluate")}
+    assert spell["evaluate"]("eval_splits") == "evaluate(eval_splits=...)"
+    assert spell["evaluate"]("split") == "evaluate(split=...)"
+    assert spell["evaluate"]("task.files.test") == 'evaluate(task={"files": {"test": ...}})'
+    assert spell["finetune"]("data.image.path") == 'finetune(data={"image": {"path": ...}})'
+    assert spell["evaluate"]("checkpoint") == "evaluate(run=...)"
+    table = (Path(__file__).parents[2] / "docs" / "python.md").read_text()
+    for cell in ("`eval_splits=[val,test]`", "`split=test`", "`task.files.<split>=...`", "`data.image.path=...`",
+                 '`data={"image": {"source": "features", "path": ...}}`', '`task={"files": {"<split>": ...}}`'):
+        assert cell in table, cell
+    assert "`vlkit.load_model_and_processor(folder, images=..., cache_dir=...)`" in table
+    blocks = [b.split("```", 1)[0] for b in table.split("```python\n")[1:]]
+    compare_block = next(b for b in blocks if "vlkit.compare(" in b)
+    guard = next(node for node in ast.parse(compare_block).body if isinstance(node, ast.If))
+    assert ast.unparse(guard.test) == "__name__ == '__main__'" and "vlkit.compare(" in ast.unparse(guard.body)
+
+
 def test_no_module_below_the_cli_composes_and_the_python_door_writes_no_override_strings():
     for path in VLKIT.rglob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))

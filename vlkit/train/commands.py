@@ -17,7 +17,7 @@ from typing import Any
 from vlkit.config import plain
 from vlkit.environment import prepare_environment
 from vlkit.locks import hold
-from vlkit.runs import given_paths, run_data
+from vlkit.runs import PATH_KEYS, given_paths, run_data
 from vlkit.runtime import set_threads
 from vlkit.train import pipeline
 from vlkit.train.spec import EvaluateSpec, FinetuneSpec, PretrainSpec, RunResult
@@ -214,7 +214,8 @@ def _evaluate(spec: EvaluateSpec) -> RunResult:
         fmt = PREDICTIONS.get(task_cfg["name"])  # an unknown format fails before any work
     recorded = spec.data  # a run that records no data: the caller's; else the run's, its paths read by vlkit.runs
     if info.get("data") is not None:  # (gone / not-own paths refused), a path the caller sets replacing the recorded
-        recorded = run_data(directory, given_paths(spec.data, spec.explicit), spec.cache_dir)
+        names = {key: spec.spell(key) for key in PATH_KEYS.values()} if spec.spell else None
+        recorded = run_data(directory, given_paths(spec.data, spec.explicit), spec.cache_dir, names)
     data_cfg = _run_data(recorded, directory, spec.explicit)
     env = prepare_environment(model_cfg, data_cfg, spec.cache_dir, init=directory)
     if info["kind"] == "finetune":

@@ -67,6 +67,7 @@ class _RunSpec:
     explicit: frozenset[str] = field(default=frozenset(), compare=False)  # the keys the caller set
     quiet: bool = field(default=False, compare=False)  # no summary printed (the result is returned either way)
     invocation: str = field(default="", compare=False)  # how the caller ran it (the lock's record)
+    spell: Any = field(default=None, compare=False)  # spell(key): how the caller writes a key (None: key=VALUE)
 
 
 @dataclass
@@ -136,7 +137,7 @@ class PretrainSpec(_TrainingSpec):
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **given: Any) -> "PretrainSpec":
         """The spec of a composed config (plain containers: the command line's, or the Python face's); ``given``:
-        the fields that are no keys (``explicit``, ``quiet``, ``processor``, ``invocation``)."""
+        the fields that are no keys (``explicit``, ``quiet``, ``processor``, ``invocation``, ``spell``)."""
         cfg = _plain(cfg)
         fields, problems = cls._common(cfg)
         objectives = cfg.get("objectives")
