@@ -31,7 +31,7 @@ import yaml
 
 from vlkit.compare.command import ComparisonResult
 from vlkit.compare.command import main as compare_command
-from vlkit.compare.config import comparison_file
+from vlkit.compare.config import REPLACED_KEYS, comparison_file
 from vlkit.compare.spec import CompareSpec, register_configs
 from vlkit.config import Problem, SpecError, compose_errors, defaults, merge_known, python_spelling
 from vlkit.environment import cache_dir as cache_root
@@ -450,6 +450,7 @@ def compare(runs: Sequence[Any] | None = None, data: Any = None, *, preset: str 
         layout = yaml.safe_load(comparison_file(file)) or {}
         for key in ("data", "compare"):
             if layout.get(key):
+                _clear_replaced(call, layout[key] if key == "compare" else {})
                 call.set(key, layout[key], known=False)
     if data is not None:
         processors = [getattr(run, "processor", None) for run in runs or ()]
@@ -463,6 +464,7 @@ def compare(runs: Sequence[Any] | None = None, data: Any = None, *, preset: str 
             call.set(f"compare.{key}", list(value), known=False)
     for key, value in (("budget", budget), ("trainer", trainer), *settings.items()):
         if value is not None:
+            _clear_replaced(call, {key: value})
             call.set(f"compare.{key}", value, known="key")
     call.set("output_dir", _output_dir("compare", output_dir))
     _top(call, workers=workers, threads=threads, cache_dir=cache_dir, resume=resume)
@@ -473,6 +475,13 @@ def compare(runs: Sequence[Any] | None = None, data: Any = None, *, preset: str 
         raise RuntimeError(f"vlkit.compare: {'some units did not finish' if result.code == 1 else f'stopped ({result.code})'}"
                            f"{failed}\nsee {result.output_dir / 'units.md'}; go on with {result.retry}")
     return result
+
+
+def _clear_replaced(call: _Call, node: Mapping[str, Any]) -> None:
+    """The `REPLACED_KEYS` that ``node`` (``compare`` keys) sets, cleared first: its value replaces the preset's."""
+    for key in REPLACED_KEYS:
+        if key in node:
+            call.set(f"compare.{key}", None, known=False, explicit=False)
 
 
 def _run_spec(run: Any) -> dict[str, Any]:

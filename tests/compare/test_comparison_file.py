@@ -1,9 +1,14 @@
 """Issue 21: a comparison file written from scratch (``compare=<path.yaml>``): a bare list of runs or a
 partial ``compare:`` node merges over the default comparison; anything else is refused naming the file."""
+import json
+
 import pytest
 
+import vlkit.workflows as workflows
 from vlkit.cli import compose
-from vlkit.compare.config import run_specs
+from vlkit.compare.config import objective_mix, run_specs
+from vlkit.config import plain
+from vlkit.objectives import load_mix
 
 RUNS = "- {name: uniter, model: {name: uniter, preset: tiny}, objectives: uniter}\n" \
        "- {name: meter, model: meter, objectives: null}\n"
@@ -52,3 +57,34 @@ def test_anything_else_is_refused_naming_the_file(tmp_path, text, message):
     with pytest.raises(ValueError, match="comparison file .*mine.yaml") as err:
         compose("compare", [f"compare={path}"])
     assert message in str(err.value)
+
+
+
+class _Planned(Exception):
+    """Raised in place of running a comparison: the spec it would run."""
+
+
+@pytest.mark.parametrize("extra, planned", [({}, set()), ({"mim": {"weight": 0.5}}, {"mim"})])
+def test_add_objectives_replaces_the_inherited_ones(tmp_path, monkeypatch, extra, planned):
+    """Issue 53: a file (or an argument) that inherits the default comparison and sets ``add_objectives`` plans
+    exactly those (``{}``: none), not the default's ``itc`` merged in; without it the default's stay."""
+    own = set(load_mix("uniter")["objectives"])
+
+    def added(compare):
+        return set(objective_mix(run_specs(plain(compare))[0])["objectives"]) - own
+
+    path = tmp_path / "paper.yaml"
+    path.write_text(f"add_objectives: {json.dumps(extra)}\nruns:\n"
+                    "  - {name: uniter, model: {name: uniter, preset: tiny}, objectives: uniter}\n")
+    (tmp_path / "inherits.yaml").write_text(RUNS)
+    assert added(compose("compare", [f"compare={path}"]).compare) == planned
+    assert added(compose("compare", [f"compare={tmp_path / 'inherits.yaml'}"]).compare) == {"itc"}
+
+    def planned_spec(spec):
+        raise _Planned(spec)
+
+    monkeypatch.setattr(workflows, "compare_command", planned_spec)  # the Python face: the file, and the argument
+    for kwargs in ({"preset": str(path)}, {"runs": ["uniter/tiny"], "add_objectives": extra}):
+        with pytest.raises(_Planned) as err:
+            workflows.compare(output_dir=tmp_path / "out", quiet=True, **kwargs)
+        assert added(err.value.args[0].config["compare"]) == planned, kwargs

@@ -31,6 +31,16 @@ class RunSpec:
         return self.model["name"]
 
 
+# compare.<key>s whose value in a comparison file (or a `vlkit.compare` argument) replaces the inherited one instead
+# of merging into it: a merge keeps every inherited entry, so the default comparison's add_objectives ({itc: ...})
+# would survive a file's ``add_objectives: {}`` (no objective added) or ``{mim: ...}`` (that one alone).
+REPLACED_KEYS = ("add_objectives",)
+# the config node (Hydra's ConfigStore, `vlkit.compare.spec.register_configs`) that clears them: `comparison_file`
+# lists it just before the file's own values; a shipped preset that inherits another and sets one lists it too
+CLEARED = "compare_replaced"
+CLEARED_NODE = {"compare": dict.fromkeys(REPLACED_KEYS)}
+
+
 # Keys a command line may set beside ``manifest=``: where and how the units run, not what they compute (and each
 # executor's resume-safe keys of its block, `manifest_run_keys`).
 MANIFEST_RUN_KEYS = ("output_dir", "resume", "dry_run", "workers", "progress", "cache_dir", "compare.retries",
@@ -99,8 +109,9 @@ def comparison_file(path: str | Path) -> str:
     Three layouts are read: a list of runs (``- {name: ..., model: ...}``) or the ``compare:`` node alone
     (``runs:``, ``seeds:``, ``budget:`` ... at the top), both merged over the default comparison
     (``conf/compare/default.yaml``) unless the node names its own ``defaults:``; or a shipped preset's
-    layout (``compare:`` / ``data:`` at the top, its own ``defaults:``). Anything else raises `ValueError`
-    naming the file."""
+    layout (``compare:`` / ``data:`` at the top, its own ``defaults:``). A `REPLACED_KEYS` key the file sets
+    replaces the inherited value (``add_objectives: {}``: none added). Anything else raises `ValueError` naming the
+    file."""
     import yaml
 
     from vlkit.io import config_dir, read_yaml
@@ -124,6 +135,12 @@ def comparison_file(path: str | Path) -> str:
                              f"sets {', '.join(sorted(known))}")
         body = {"defaults": body.pop("defaults", ["default", "_self_"]), "compare": body}
     node = body.get("compare") or {}
+    if set(REPLACED_KEYS) & set(node):  # its value replaces the inherited one: cleared first
+        defaults = [d for d in body.get("defaults") or [] if d != f"/{CLEARED}"]
+        if "_self_" not in defaults:
+            defaults.append("_self_")
+        defaults.insert(defaults.index("_self_"), f"/{CLEARED}")
+        body["defaults"] = defaults
     if "runs" in node and "title" not in node:  # a preset's title names the preset's runs, not these
         node["title"] = None
     runs = node.get("runs") or []

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from vlkit.compare.account import heartbeat_s
-from vlkit.compare.config import drop_preset_title, look_sizes_of, resolve_config
+from vlkit.compare.config import CLEARED, CLEARED_NODE, drop_preset_title, look_sizes_of, resolve_config
 from vlkit.compare.costs import cost_settings
-from vlkit.config import COUNT, NATURAL, SWITCH, Problem, SpecError, check_rules
+from vlkit.config import COUNT, NATURAL, SWITCH, Problem, SpecError, check_rules, store_configs
 from vlkit.data.spec import data_problems
 from vlkit.train.spec import register_configs as register_training_configs
 
@@ -31,12 +31,14 @@ COMPARE_RULES = {
 
 def register_configs(command: str | None = None) -> None:
     """The config nodes derived from code for ``command``'s YAML: the families' and recipes'
-    (`vlkit.train.spec.register_configs`), and for ``compare`` each executor's ``compare.<name>`` block."""
+    (`vlkit.train.spec.register_configs`), and for ``compare`` each executor's ``compare.<name>`` block and the
+    node that clears the keys a comparison file replaces (`vlkit.compare.config.REPLACED_KEYS`)."""
     register_training_configs()
     if command == "compare":
         from vlkit.compare.executor_base import register_hydra_configs
 
         register_hydra_configs()
+        store_configs(None, {CLEARED: CLEARED_NODE}, package="_global_")
 
 
 def _owned(err: Exception) -> Problem:
