@@ -46,7 +46,7 @@ def test_a_shipped_presets_layout_keeps_its_own_defaults(tmp_path):
 
 @pytest.mark.parametrize("text,message", [
     ("42\n", "expected a list of runs or a mapping"),
-    ("runz: []\n", "unknown key(s) runz; a comparison sets add_objectives, baseline, budget"),
+    ("runz: []\n", "unknown key(s) runz; a comparison sets add_objectives, alpha, baseline, budget"),
     ("runs: {uniter: 1}\n", "runs must be a list of runs, found dict"),
     ("- {name: uniter}\n", "runs[0] = {'name': 'uniter'} needs at least 'name' and 'model'"),
     ("runs: [\n", "not valid YAML"),
