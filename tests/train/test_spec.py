@@ -16,6 +16,7 @@ import pytest
 import vlkit
 import vlkit.workflows as workflows
 from vlkit.cli import build_spec, compose, main
+from vlkit.runs import write_record
 
 VLKIT = Path(vlkit.__file__).resolve().parent
 TRAINER = {"max_steps": 3, "batch_size": 4, "warmup": 1, "progress": False, "trackers": [], "lr": 1e-3}
@@ -221,13 +222,16 @@ def test_overrides_are_refused_with_the_keyword_spelling(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_partial_data_dict_merges_into_the_runs_data_and_keeps_its_images(captured, tmp_path):
+def test_a_partial_data_dict_merges_into_the_runs_data_and_keeps_its_images(captured, tmp_path, monkeypatch):
+    monkeypatch.setenv("VLKIT_CACHE", str(tmp_path / "user-cache"))
     run = tmp_path / "pre"
     (run / "model").mkdir(parents=True)
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "captions.jsonl").write_text("")
     recorded = {"name": "jsonl", "path": str(tmp_path / "captions.jsonl"), "tokenizer": "bert-base-uncased",
                 "max_len": 62, "filter_long": False, "max_unk_rate": 0.05, "on_error": "raise",
                 "image": {"source": "folder", "path": str(tmp_path / "photos"), "size": 32}}
-    (run / "run.json").write_text(json.dumps({"kind": "pretrain", "data": recorded}))
+    write_record(run / "run.json", {"kind": "pretrain", "data": recorded})  # this user's record: outside paths read
     vlkit.finetune(run, data={"on_error": "skip"}, output_dir=tmp_path / "ft")
     data = captured["finetune"].data  # the run's captions and images (not the shapes world), on_error changed
     assert {k: data[k] for k in recorded} == {**recorded, "on_error": "skip", "image": data["image"]}
