@@ -143,6 +143,7 @@ def test_a_set_without_a_validation_split_is_refused_first_naming_the_fix(own, t
     err = _problem(["evaluate", f"checkpoint={tmp_path / 'ft'}", "split=test"])
     assert "task vqa has no 'test' split to evaluate" in err  # in the form of the run's files, less annotations
     assert "give its files, task.files.test={image_id_format: 'img_{}', questions: FILE}" in err
+    assert "eval_splits=[]" not in err  # vlkit evaluate scores at least one split
 
 
 def test_evaluate_reads_the_runs_data_by_the_recorded_paths_rule(own, tmp_path):

@@ -229,7 +229,7 @@ def _evaluate(spec: EvaluateSpec) -> RunResult:
     data = type(task).build_data(task_cfg, env.tokenizer, env.image_source, env.world)
     check = Preflight()
     check.check_tokenizer(env.tokenizer, env.data["tokenizer"], task, directory)
-    pipeline.check_task_data(check, task.name, _without_train(data), task, splits, task_cfg)
+    pipeline.check_task_data(check, task.name, _without_train(data), task, splits, task_cfg, none=False)
     check.finish()
     batch_size = task_cfg.get("eval_batch_size", 64)
     announced: dict[str, Any] = {"checkpoint": str(directory)}

@@ -247,16 +247,17 @@ def check_unknown_words(check: Any, env: Environment, sets: Mapping[str, Any]) -
 
 
 def check_task_data(check: Any, name: str, data: Any, model: Any, eval_splits: tuple[str, ...],
-                    task_cfg: Mapping[str, Any] | None = None) -> None:
+                    task_cfg: Mapping[str, Any] | None = None, none: bool = True) -> None:
     """The preflight of a task's data: its training set (sampled) and the evaluation splits (in full up to a size);
-    ``task_cfg`` (when known) tells whether a missing split is given as files (``task.files.<split>``)."""
+    ``task_cfg`` (when known) tells whether a missing split is given as files (``task.files.<split>``); ``none``:
+    whether evaluating no split is a way out (a fine-tuning's, not ``vlkit evaluate``'s)."""
     if data.train is not None:
         check.check_data(f"{name} train", data.train, model)
     for split in eval_splits:
         if split not in data.eval:
             files = (task_cfg or {}).get("files")
             check.missing_split(name, split, list(data.eval), (files or {}).get("train"),
-                                files=task_cfg is None or files is not None)
+                                files=task_cfg is None or files is not None, none=none)
         else:
             check.check_data(f"{name} {split}", data.eval[split], model, evaluation=True)
 

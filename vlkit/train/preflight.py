@@ -370,19 +370,22 @@ class Preflight:
             self.problem(f"{name} data: {len(invalid) - 5} more invalid image(s): {first(list(invalid)[5:])}")
 
     def missing_split(self, task: str, split: str, available: list[str], train_files: Any = None,
-                      files: bool = True) -> None:
+                      files: bool = True, none: bool = True) -> None:
         """A split to evaluate that the task's data lacks: the problem says how to give it (``files``: the task reads
         files per split, ``task.files.<split>``, shown in the form of ``train_files``) or how to evaluate another
-        split, or none."""
+        split, or none (``none``: a fine-tuning may evaluate none, ``vlkit evaluate`` scores at least one)."""
         if isinstance(train_files, Mapping):
             form = "{" + ", ".join(f"{k}: {'FILE' if k != 'image_id_format' else repr(v)}" for k, v in
                                    train_files.items() if not (split == "test" and k == "annotations")) + "}"
         else:
             form = "FILE" if isinstance(train_files, str) else "<its files, as task.files.train gives them>"
         others = [s for s in available if s != "train"]
-        give = f"give its files, task.files.{split}={form} (docs/own-dataset.md), or " if files else ""
-        choose = (f"evaluate a split it has (split={others[0]}, or eval_splits=[{', '.join(others)}]) or none "
-                  "(eval_splits=[])" if others else "evaluate none (eval_splits=[])")
+        give = f"give its files, task.files.{split}={form} (docs/own-dataset.md)" if files else ""
+        give += ", or " if give and (others or none) else ""
+        nothing = " or none (eval_splits=[])" if none else ""
+        choose = (f"evaluate a split it has (split={others[0]}, or eval_splits=[{', '.join(others)}]){nothing}"
+                  if others else "evaluate none (eval_splits=[])" if none else "" if give else
+                  "give task data that holds it")
         self.problem(f"task {task} has no {split!r} split to evaluate (split= / eval_splits, default [val]); it has "
                      f"{', '.join(available) or 'none'}: {give}{choose}")
 
