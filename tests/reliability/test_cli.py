@@ -18,7 +18,7 @@ def test_help_of_every_command(command, vlkit_console):
         assert "trainer.max_steps=1000" in out and "data.on_error=raise" in out
     if command == "compare":
         assert ("compare=     base, claims, default, fusion, masking, mim, objectives, paper_meter, paper_uniter, "
-                "paper_vilbert, smoke") in out
+                "paper_uniter_alldata, paper_vilbert, smoke") in out
     if command == "extract-features":
         assert "on_error=raise" in out and "images=???" in out
 
