@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from vlkit.io import sha256_file
+from vlkit.io import clean_json, sha256_file
 
 _CACHE: dict[str, tuple[int, int, str]] = {}  # absolute path -> (size, mtime_ns, sha256)
 
@@ -90,18 +89,8 @@ def remember(entries: dict[str, Any] | None) -> None:
 
 def result_digest(result: Any) -> str:
     """The sha256 of ``result`` as JSON holds it (keys sorted; a NaN held as null)."""
-    return hashlib.sha256(json.dumps(_plain(result), sort_keys=True, separators=(",", ":"), allow_nan=False,
-                                     default=str).encode()).hexdigest()
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+    text = json.dumps(clean_json(result), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 __all__ = ["file_digest", "input_digests", "known", "path_digest", "remember", "result_digest"]

@@ -345,12 +345,7 @@ def pretrain(model: Any, data: Any = None, *, mix: Any = None, trainer: Any = No
     elif mix is not None:
         raise TypeError(f"pretrain(mix={mix!r}): give a mix preset name, a YAML path, or a dict ({{'mlm': 2, 'itm': 1}})")
     _common(call, trainer, output_dir, seed, resume, cache_dir, threads)
-    if isinstance(init, str):
-        call.set("init", init)
-    spec = call.spec(lambda cfg: PretrainSpec.from_config(
-        {**cfg, "init": init}, explicit=frozenset(call.explicit), processor=processor,
-        invocation="vlkit.pretrain(...)", **_given(quiet)))
-    return _loadable(_run(commands.pretrain, spec))
+    return _train(call, PretrainSpec, commands.pretrain, init, processor, quiet)
 
 
 def finetune(model: Any, data: Any = None, *, task: Any = "vqa", trainer: Any = None, output_dir: Any = None,
@@ -371,12 +366,18 @@ def finetune(model: Any, data: Any = None, *, task: Any = "vqa", trainer: Any = 
     if eval_splits is not None:
         call.set("eval_splits", _splits("finetune", "eval_splits", eval_splits), known=False)
     _common(call, trainer, output_dir, seed, resume, cache_dir, threads)
+    return _train(call, FinetuneSpec, commands.finetune, init, processor, quiet)
+
+
+def _train(call: _Call, spec_class: Any, command: Callable[[Any], Any], init: Any, processor: VLProcessor | None,
+           quiet: bool | None) -> RunResult:
+    """Run a training command (pretrain, finetune) on the spec of ``call`` with ``init`` (a folder or a model)."""
     if isinstance(init, str):
         call.set("init", init)
-    spec = call.spec(lambda cfg: FinetuneSpec.from_config(
+    spec = call.spec(lambda cfg: spec_class.from_config(
         {**cfg, "init": init}, explicit=frozenset(call.explicit), processor=processor,
-        invocation="vlkit.finetune(...)", **_given(quiet)))
-    return _loadable(_run(commands.finetune, spec))
+        invocation=f"vlkit.{call.function}(...)", **_given(quiet)))
+    return _loadable(_run(command, spec))
 
 
 def _task(call: _Call, task: Any) -> None:
