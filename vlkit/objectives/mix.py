@@ -305,13 +305,13 @@ class Pretraining(nn.Module):
         # unimodal encodings of the clean batch, shared by the passes that show it unchanged (or
         # permuted); per side, only when its encoding draws no random numbers (re-encoding gives the same)
         clean = _CleanEncodings(self.model, batch, self.shared_sides())
-        for views, scored in self.plan(self.active_units(step) if units is None else units):
-            if views == {UNIMODAL}:
+        for pass_views, scored in self.plan(self.active_units(step) if units is None else units):
+            if pass_views == {UNIMODAL}:
                 corrupted, ctx = batch, PassContext(original=batch)
                 rows = torch.arange(batch.batch_size, device=batch.device)
                 out = (clean.text(rows, batch), clean.image(rows, batch))
             else:
-                corrupted, ctx = self.corrupt(batch, views, generator)
+                corrupted, ctx = self.corrupt(batch, pass_views, generator)
                 text, image = clean.text(ctx.text_from, corrupted), clean.image(ctx.image_from, corrupted)
                 wanted = [self.objectives[name].rows(ctx) for name, _ in scored]
                 out = self.model.fuse(text, image, **self._fuse_options(wanted, corrupted, image))

@@ -17,7 +17,7 @@ from typing import Any
 from vlkit.config import plain
 from vlkit.environment import prepare_environment
 from vlkit.locks import hold
-from vlkit.runs import PATH_KEYS, given_paths, run_data
+from vlkit.runs import PATH_KEYS, TASK_WEIGHTS, given_paths, run_data
 from vlkit.runtime import set_threads
 from vlkit.train import pipeline
 from vlkit.train.spec import EvaluateSpec, FinetuneSpec, PretrainSpec, RunResult
@@ -223,7 +223,7 @@ def _evaluate(spec: EvaluateSpec) -> RunResult:
         if info.get("pretraining"):  # a task that kept pre-training heads (retrieval's ITM head)
             model = pipeline.rebuild_pretraining(model, info["pretraining"])
         task = build_task(info["task"], model, **{**info["options"], **eval_options})
-        load_weights(task, directory / pipeline.TASK_WEIGHTS)
+        load_weights(task, directory / TASK_WEIGHTS)
     else:
         task = TASKS.get("retrieval").zero_shot(pipeline.load_pretraining(directory), **eval_options)
     data = type(task).build_data(task_cfg, env.tokenizer, env.image_source, env.world)

@@ -21,7 +21,7 @@ from vlkit.models.base import VLModel, build_model, from_pretrained
 from vlkit.models.recipe import recipe_of
 from vlkit.objectives import Pretraining, build_pretraining
 from vlkit.registry import DATASETS, TASKS
-from vlkit.runs import PRETRAINING_WEIGHTS, RUN_INFO, TASK_WEIGHTS, read_run_info, save_run
+from vlkit.runs import PRETRAINING_WEIGHTS, RUN_INFO, read_run_info, save_run
 from vlkit.tasks import build_task
 from vlkit.train.preflight import Preflight
 from vlkit.train.resume import run_record
