@@ -1,5 +1,6 @@
 """What every layer of vlkit may use about its process: how many torch threads it runs (`set_threads`), whether
-its CPU runs bf16 natively (`native_cpu_bf16`), how fast it multiplies matrices (`gemm_gflops`), how it ends its
+its CPU runs bf16 natively (`native_cpu_bf16`), which float kernels it computes with (`kernels`), how fast it
+multiplies matrices (`gemm_gflops`), how it ends its
 process group (`shutdown`), and how it stops.
 
 How a vlkit process stops: SIGTERM (what SLURM and ``kill`` send) and SIGINT (Ctrl-C) become an
@@ -211,6 +212,17 @@ def gemm_gflops(n: int = GEMM_N, dtype: Any = None, repeats: int = 3) -> float:
         a @ a
         best = min(best, time.perf_counter() - start)
     return 2 * n ** 3 / best / 1e9
+
+
+def kernels() -> str:
+    """The float kernels this process computes with: torch's build and the instruction set its CPU kernels were
+    chosen for (``ATEN_CPU_CAPABILITY`` can lower it), and the GPU where one is visible, e.g. ``torch 2.14.1+cu130
+    (git 1a2b3c4d5e6f), CPU AVX512``. Records are bit-identical between machines whose kernels read the same; elsewhere
+    they differ within the seeds' noise (docs/compare.md, "Bit-identical records")."""
+    import torch
+
+    label = f"torch {torch.__version__} (git {torch.version.git_version[:12]}), CPU {torch.backends.cpu.get_cpu_capability()}"
+    return f"{label}, GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else label
 
 
 def free_port() -> int:

@@ -5,7 +5,9 @@ import json
 import statistics
 
 import pytest
+import torch
 
+import vlkit.runtime
 from vlkit.cli import main
 
 from compare_helpers import records as _records, untimed as _untimed
@@ -45,6 +47,12 @@ def test_outputs_are_complete(smoke):
     assert manifest["machine"]["units"] == len(rates)
     assert manifest["machine"]["gemm_gflops"] == {"median": statistics.median(rates), "min": rates[0], "max": rates[-1]}
     assert manifest["machine"]["threads"] == [1]
+    # the float kernels the units computed with, and the machine's processor and torch build in the manifest
+    kernels = vlkit.runtime.kernels()
+    assert manifest["machine"]["kernels"] == [kernels] and f"Kernels: {kernels}." in table
+    assert torch.backends.cpu.get_cpu_capability() in kernels and torch.__version__ in kernels
+    assert manifest["platform"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert "PyTorch built with" in manifest["platform"]["torch_build"] and manifest["platform"]["processor"]
     assert f"median {statistics.median(rates):.0f} GFLOPS, {rates[0]:.0f}-{rates[-1]:.0f} over {len(rates)} units" in table
 
 

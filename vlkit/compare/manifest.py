@@ -1,5 +1,5 @@
 """The manifest of a comparison: what reruns it exactly (config, seeds, data hash, ids seen, feature store
-digest) and the environment it ran in (package versions, git commit)."""
+digest) and the environment it ran in (package versions, git commit, the float kernels and torch's build)."""
 from __future__ import annotations
 
 import platform
@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from vlkit.io import atomic_write_text, dump_json, sha256_file
+from vlkit.runtime import kernels
 from vlkit.version import __version__
 
 PACKAGES = ("torch", "torchvision", "transformers", "timm", "accelerate", "hydra-core", "datasets", "h5py", "pot",
@@ -27,6 +28,26 @@ def package_versions() -> dict[str, str]:
     return out
 
 
+def platform_record() -> dict[str, Any]:
+    """The machine the comparison was started on: its processor, the float kernels (`vlkit.runtime.kernels`) and
+    torch's build configuration (``torch.__config__.show()``: compiler, BLAS, CPU capability)."""
+    import torch
+
+    return {"processor": _processor(), "machine": platform.machine(), "kernels": kernels(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch_build": torch.__config__.show()}
+
+
+def _processor() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux; ``platform.processor()`` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def git_commit() -> str | None:
     try:
         root = Path(__file__).resolve().parent.parent
@@ -39,7 +60,8 @@ def git_commit() -> str | None:
 def write_manifest(output_dir: Path, cfg: dict[str, Any], audit: dict[str, Any], store: str | None,
                    account: dict[str, Any], complete: bool = True) -> dict[str, Any]:
     """Write ``manifest.json``: the resolved config (``vlkit compare manifest=`` reruns it), seeds, data hash
-    and parts, ids seen, the feature store's digest, package versions, git commit, command, wall time over every
+    and parts, ids seen, the feature store's digest, package versions, the platform (processor, float kernels, torch's
+    build), git commit, command, wall time over every
     session and what the comparison spent (``account``: `vlkit.compare.account`, without its per-unit rows), the
     machine speed its units recorded (``machine``) and whether every unit had finished (``complete``)."""
     manifest = {
@@ -50,6 +72,7 @@ def write_manifest(output_dir: Path, cfg: dict[str, Any], audit: dict[str, Any],
         "ids_seen": {"pretrain": audit["pretrain_ids"], "finetune": audit["finetune_ids"]},
         "feature_store": {"path": store, "sha256": sha256_file(store)} if store else None,
         "packages": package_versions(),
+        "platform": platform_record(),
         "git_commit": git_commit(),
         "command": " ".join(sys.argv),
         "wall_s": account["wall_s"],

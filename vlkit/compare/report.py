@@ -257,12 +257,14 @@ def analyse(records: list[dict[str, Any]], claims: list[dict[str, Any]] | None =
 
 
 def machine_note(machine: dict[str, Any] | None) -> str:
-    """The machine speed beside the wall time: a machine's speed drifts, so a wall time alone compares badly."""
+    """The machine speed beside the wall time (a machine's speed drifts, so a wall time alone compares badly) and the
+    float kernels the units computed with (records are bit-identical only between equal kernels)."""
     if not machine:
         return ""
     rate, threads = machine["gemm_gflops"], "/".join(str(t) for t in machine["threads"])
-    return (f" Machine speed after each unit ({GEMM_PROBE} on its {threads} thread(s)): median {rate['median']:.0f} "
+    note = (f" Machine speed after each unit ({GEMM_PROBE} on its {threads} thread(s)): median {rate['median']:.0f} "
             f"GFLOPS, {rate['min']:.0f}-{rate['max']:.0f} over {machine['units']} units.")
+    return note + (f" Kernels: {'; '.join(machine['kernels'])}." if machine.get("kernels") else "")
 
 
 def units_markdown(output_dir: Path, states: list, acct: dict[str, Any]) -> str:

@@ -129,13 +129,15 @@ def detectable_effects(tests: list[dict[str, Any]], n: int) -> dict[str, dict[st
 
 def machine_summary(machines: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The machine speed the units recorded (`vlkit.compare.worker.machine_speed`): their GEMM rate's median and
-    range, threads and hosts; None when no unit recorded one (units finished before vlkit recorded it)."""
+    range, threads, hosts and float kernels (older records lack them); None when no unit recorded one (units finished
+    before vlkit recorded it)."""
     rates = sorted(m["gemm_gflops"] for m in machines)
     if not rates:
         return None
     return {"gemm_gflops": {"median": statistics.median(rates), "min": rates[0], "max": rates[-1]},
             "units": len(rates), "threads": sorted({m["threads"] for m in machines}),
-            "hosts": sorted({m["host"] for m in machines})}
+            "hosts": sorted({m["host"] for m in machines}),
+            "kernels": sorted({m["kernels"] for m in machines if "kernels" in m})}
 
 
 def chance_levels(records: list[dict[str, Any]]) -> dict[str, float]:

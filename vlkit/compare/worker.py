@@ -25,7 +25,7 @@ from vlkit.compare.unit_work import UnitWork
 from vlkit.compare.units import LOG_FILE, PLAN_DAMAGED, UnitFolder, config_hash
 from vlkit.digests import remember
 from vlkit.io import read_json
-from vlkit.runtime import every, gemm_gflops, watched_exited
+from vlkit.runtime import every, gemm_gflops, kernels, watched_exited
 
 _WORK: dict[str, Any] = {}  # plan path -> UnitWork: environments and task data cached per process
 
@@ -77,7 +77,7 @@ _PROBES: dict[int, tuple[float, float]] = {}  # threads -> (time.monotonic() of 
 
 
 def machine_speed() -> dict[str, Any]:
-    """Where a unit ran (host, CUDA device or cpu) and how fast that machine multiplied matrices just after it (`vlkit.runtime.gemm_gflops` on
+    """Where a unit ran (host, CUDA device or cpu, its float kernels: `vlkit.runtime.kernels`) and how fast that machine multiplied matrices just after it (`vlkit.runtime.gemm_gflops` on
     the unit's threads, so a busy core shows): a unit's wall time is read beside it. The process's last probe on
     as many threads is reused while it is under `PROBE_REUSE_S` seconds old: a probe costs about 0.1 s, as much as a
     smoke test's whole unit, while the speed drifts over hours."""
@@ -89,7 +89,8 @@ def machine_speed() -> dict[str, Any]:
     if threads not in _PROBES or now - _PROBES[threads][0] >= PROBE_REUSE_S:
         _PROBES[threads] = (now, round(gemm_gflops(), 1))
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return {"host": socket.gethostname(), "device": device, "threads": threads, "gemm_gflops": _PROBES[threads][1]}
+    return {"host": socket.gethostname(), "device": device, "threads": threads, "gemm_gflops": _PROBES[threads][1],
+            "kernels": kernels()}
 
 
 def run_job(plan_path: str | Path, key: str) -> dict[str, Any]:
