@@ -121,7 +121,8 @@ def test_dry_run_prints_every_unit_and_the_cost_per_executor(capsys, cache, monk
     args = ["compare", *SMALL, f"cache_dir={cache}", "dry_run=true", "compare.plan.method=probe",
             "+compare.trainer.common.mixed_precision=bf16",
             "compare.probe.batch_size=4", "compare.probe.finetune_batch_size=2", "compare.probe.warmup_steps=2",
-            "compare.probe.steps=3"]
+            "compare.probe.steps=3", "compare.seeds=[0,1]", "compare.until=decided", "compare.max_seeds=3",
+            "+compare.claims=[{claim: a, a: vilbert, b: uniter, metric: vqa, expect: higher}]"]
     assert main(args) == 0
     out = capsys.readouterr().out
     # a bf16 comparison is probed in fp32 on a CPU (its bf16 matmul can be a reference kernel)
@@ -136,6 +137,9 @@ def test_dry_run_prints_every_unit_and_the_cost_per_executor(capsys, cache, monk
     assert f"This machine's speed at the probe: 123 GFLOPS (fp32 1024² GEMM on {torch.get_num_threads()} thread(s))" in out
     for name in ("local", "slurm", "ray"):
         assert f"executor {name}:" in out
+    # compare.until=decided: every look priced from the probe's step times, as the FLOP plan prices them
+    assert "Seeds until decided: looks after [2, 3] seeds" in out and "At most: " in out
+    assert "CPU-thread-hours (every claim undecided to the last look)" in out
 
 
 def test_probe_is_the_median_step_after_the_untimed_ones(cache, monkeypatch, tmp_path):

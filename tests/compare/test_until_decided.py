@@ -183,25 +183,22 @@ def test_results_name_the_claims_the_budget_left_undecided_and_their_price():
     assert budget_section({"max_device_hours": None}, claims, records, account, None) == []
 
 
-def test_the_dry_run_prices_every_look(monkeypatch):
+def test_the_dry_run_prices_every_look():
     """A dry run of compare.until=decided prices each look up to max_seeds (the most: every claim undecided), and the
     expected cost at the paper effects: claim 1's huge effect is decided within the first looks, so mostly claim 2's
     runs (no paper effect: undecided to the end) add seeds."""
     import re
 
-    from types import SimpleNamespace
-
     import vlkit.compare.looks as looks
 
-    monkeypatch.setattr(looks, "seed_costs", lambda c, plan: {"device": "a100", "seed_hours":
-                                                             {"a": 1.0, "b": 1.0, "c": 2.0, "d": 3.0}})
+    costs = {"device": "a100", "seed_hours": {"a": 1.0, "b": 1.0, "c": 2.0, "d": 3.0}}
     claims = ("[{claim: a beats b, a: a, b: b, metric: vqa, expect: higher, paper_effect: 30.0, planning_sd: 1.0}, "
               "{claim: c beats d, a: c, b: d, metric: vqa, expect: higher}]")
     comp = comparison([f"+compare.claims={claims}", "compare.max_seeds=9", "compare.max_device_hours=40"])
-    text = "\n".join(looks.looks_plan(comp, SimpleNamespace(hours=10.0)))
+    text = "\n".join(looks.looks_plan(comp, 10.0, costs))
     assert "| 7 | 9 | 52.0 | 100% |" in text and "| 1 | 3 | 10.0 | 100% |" in text  # 10 + 6 x (1 + 1 + 2 + 3)
     assert "At most: 52.0 a100-hours" in text
     expected = float(re.search(r"Expected at the paper effects: ([0-9.]+) a100-hours", text).group(1))
     assert 40.0 <= expected < 42.0  # 10 + 6 x (2 + 3) for c and d, a and b decided after 3 or 4 seeds
     assert "check a decision from 6 seeds on" in text and "looks up to 7 seeds fit" in text  # 10 + 4 x 7 = 38
-    assert looks.looks_plan(comparison(["compare.until=fixed"]), SimpleNamespace(hours=1.0)) == []
+    assert looks.looks_plan(comparison(["compare.until=fixed"]), 1.0, costs) == []

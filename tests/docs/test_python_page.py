@@ -7,9 +7,10 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from test_readme_examples import ROOT, marked_blocks, private_environment
+from test_readme_examples import AS_SCRIPTS, ROOT, marked_blocks, private_environment
 
 PAGE = ROOT / "docs" / "python.md"
+assert PAGE in AS_SCRIPTS  # run here, not block by block with ``python -c`` by test_readme_examples.py
 NOTEBOOK = '''import subprocess, sys
 if __name__ == "__main__":  # the cells, in one interpreter; a bash cell in a shell
     for lang, code in CELLS:

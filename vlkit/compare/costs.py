@@ -329,13 +329,19 @@ def seed_costs(comparison: Any, made: Costs | None = None) -> dict[str, Any]:
     costs = made if made is not None and wanted == made.device.name else \
         count_costs(comparison, settings, gpus, unit_threads(comparison.cfg),
                   unit_nodes(compare))
-    hours: dict[str, dict[int, float]] = {}
-    for row in costs.units:
-        per_seed = hours.setdefault(comparison.specs[row.unit.run].name, {})
-        per_seed[row.unit.seed] = per_seed.get(row.unit.seed, 0.0) + row.hours
     return {"device": costs.device.name, "mfu": costs.mfu, "mfu_source": costs.mfu_source,
-            "seed_hours": {run: sum(v.values()) / len(v) for run, v in hours.items()}}
+            "seed_hours": seed_hours(comparison, [(row.unit, row.hours) for row in costs.units])}
+
+
+def seed_hours(comparison: Any, priced: list[tuple[Any, float]]) -> dict[str, float]:
+    """Run name -> the device-hours of one seed of it: the mean over its seeds of the sum of its units' hours
+    (``priced``: (unit, hours) pairs)."""
+    hours: dict[str, dict[int, float]] = {}
+    for unit, unit_hours in priced:
+        per_seed = hours.setdefault(comparison.specs[unit.run].name, {})
+        per_seed[unit.seed] = per_seed.get(unit.seed, 0.0) + unit_hours
+    return {run: sum(v.values()) / len(v) for run, v in hours.items()}
 
 
 __all__ = ["Costs", "UnitCost", "bucket_shapes", "cost_device", "cost_settings", "count_costs", "model_sizes",
-           "seed_costs", "text_positions", "unit_shapes"]
+           "seed_costs", "seed_hours", "text_positions", "unit_shapes"]

@@ -127,7 +127,7 @@ def executor_lines(settings: Any, wall_hours: Any) -> list[str]:
 def flops_estimate(comparison: Any, settings: Any, plan_cfg: dict[str, Any]) -> str:
     """The FLOP estimate as text: per unit its FLOPs per step, steps, device-hours and wall; the total FLOPs and
     GPU-hours, and the wall time per executor."""
-    from vlkit.compare.costs import count_costs
+    from vlkit.compare.costs import count_costs, seed_costs
     from vlkit.compare.executor_base import unit_nodes
     from vlkit.compare.looks import looks_plan
     from vlkit.compare.report import figure, markdown_table
@@ -159,7 +159,7 @@ def flops_estimate(comparison: Any, settings: Any, plan_cfg: dict[str, Any]) -> 
            + (f" (units of {settings.threads} thread(s))." if device.name == "cpu" else ".")]
     order = [r.key for r in costs.units]
     out += executor_lines(settings, lambda n: figure(simulate(durations, depends, order, n) / 3600))
-    out += looks_plan(comparison, costs)
+    out += looks_plan(comparison, costs.hours, seed_costs(comparison, costs))
     return "\n".join(out)
 
 
@@ -168,7 +168,9 @@ def probe_estimate(comparison: Any, settings: Any) -> str:
     time per executor."""
     import torch
 
+    from vlkit.compare.costs import seed_hours
     from vlkit.compare.executor_base import unit_nodes
+    from vlkit.compare.looks import looks_plan
     from vlkit.compare.report import markdown_table
     from vlkit.runtime import GEMM_PROBE, gemm_gflops
 
@@ -194,8 +196,9 @@ def probe_estimate(comparison: Any, settings: Any) -> str:
     unit_devices = max(1, gpus) * nodes if gpus else 1
     order = [comparison.key(u) for u in units]
     hours = total * unit_devices / 3600
-    what = "GPU-hours" if gpus and torch.cuda.is_available() else "CPU-thread-hours" if settings.threads == 1 \
-        and not gpus else "device-hours (timed on this CPU, not on the GPUs the units ask for)"
+    kind = "GPU" if gpus and torch.cuda.is_available() else "CPU-thread" if settings.threads == 1 and not gpus \
+        else "device"
+    what = f"{kind}-hours" + (" (timed on this CPU, not on the GPUs the units ask for)" if kind == "device" else "")
     probes = ", ".join(f"{k} {v:.3f} s/step" for k, v in measured.items())
     out = [f"vlkit compare dry run: {len(units)} units ({sum(u.is_pretrain for u in units)} pre-trainings) of "
            f"{len(comparison.specs)} run(s) x {len(comparison.compare['seeds'])} seed(s); nothing is run.", "",
@@ -208,6 +211,8 @@ def probe_estimate(comparison: Any, settings: Any) -> str:
            f"Estimated cost: {total / 3600:.2f} h of unit time = {hours:.2f} {what} "
            f"({unit_devices} device(s) per unit; training steps only, evaluations not included)."]
     out += executor_lines(settings, lambda n: f"{simulate(durations, depends, order, n) / 3600:.2f}")
+    priced = [(unit, durations[comparison.key(unit)] * unit_devices / 3600) for unit in units]
+    out += looks_plan(comparison, hours, {"device": kind, "seed_hours": seed_hours(comparison, priced)})
     return "\n".join(out)
 
 

@@ -67,22 +67,23 @@ DRY_RUN_SIMS = 2000  # simulated comparisons behind the dry run's expected cost 
 DRY_RUN_SEED = 0
 
 
-def looks_plan(comparison: Comparison, units: Any) -> list[str]:
+def looks_plan(comparison: Comparison, hours: float, costs: dict[str, Any]) -> list[str]:
     """The dry run's lines for ``compare.until=decided`` (empty for a fixed comparison): every look up to
     ``compare.max_seeds`` with the most the comparison can cost by then (every claim undecided until that look) and
     the expected cost at the paper effects (`vlkit.stats.simulate.simulate_claims` over claims with ``paper_effect``
-    and ``planning_sd``; the others counted undecided to the last look), the device-hours per seed of ``units`` (their
-    FLOP costs, `vlkit.compare.costs.seed_costs`); the seeds from which the sign-flip test can check a decision; the budget."""
+    and ``planning_sd``; the others counted undecided to the last look), from ``hours``, the device-hours of the
+    planned units (the first look), and ``costs``: ``{"device": its name, "seed_hours": {run: device-hours per
+    seed}}`` (FLOP costs: `vlkit.compare.costs.seed_costs`; or a probe's timed steps); the seeds from which the
+    sign-flip test can check a decision; the budget."""
     sizes = look_sizes_of(comparison.compare)
     if sizes is None:
         return []
     compare = comparison.compare
     claims = compare["claims"]
-    costs = seed_costs(comparison, units)
     names = [spec.name for spec in comparison.specs]
     read = sorted({run for c in claims for run in claim_runs(c)}, key=names.index)
     start = {run: sizes[0] for run in read}
-    most = [units.hours + seeds_cost(costs["seed_hours"], start, {run: n for run in read}) for n in sizes]
+    most = [hours + seeds_cost(costs["seed_hours"], start, {run: n for run in read}) for n in sizes]
     known = [c for c in claims if c.get("paper_effect") is not None and c.get("planning_sd")]
     rng = np.random.default_rng(DRY_RUN_SEED)
     diffs = np.stack([rng.normal(c["paper_effect"] / POINTS, c["planning_sd"] / POINTS, (DRY_RUN_SIMS, sizes[-1]))
@@ -93,7 +94,7 @@ def looks_plan(comparison: Comparison, units: Any) -> list[str]:
                                          [bool(c.get("contradict")) for c in claims])
     look[:, [i for i, c in enumerate(claims) if c not in known]] = len(sizes) - 1
     seeds = final_seeds(look, sizes, [[read.index(r) for r in claim_runs(c)] for c in claims], len(read), sizes[0])
-    expected = units.hours + float(np.mean([seeds_cost(costs["seed_hours"], start, dict(zip(read, row)))
+    expected = hours + float(np.mean([seeds_cost(costs["seed_hours"], start, dict(zip(read, row)))
                                            for row in seeds]))
     reached = [(look >= k).any(1).mean() for k in range(len(sizes))]
     hypotheses = len(claims) + sum(bool(c.get("contradict")) for c in claims)
