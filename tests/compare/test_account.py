@@ -132,6 +132,11 @@ def test_the_account_of_a_comparison_killed_twice_adds_every_session_and_attempt
     again = json.loads((out / "results.json").read_text())["account"]
     assert (again["wall_s"], again["unit_s"]) == (account["wall_s"], account["unit_s"])
     assert len(list((out / SESSIONS_DIR).glob("*.json"))) == 3  # a report is not a session
+    # the manifest keeps the command, machine and commit that started the comparison, not the report's
+    rewritten = json.loads((out / "manifest.json").read_text())
+    assert {k: rewritten[k] for k in ("command", "platform", "git_commit")} == \
+        {k: manifest[k] for k in ("command", "platform", "git_commit")}
+    assert "compare-report" not in rewritten["command"] and " compare " in f" {manifest['command']} "
 
 
 def test_sessions_take_their_own_numbers_and_a_killed_one_ends_at_its_last_heartbeat(tmp_path):

@@ -103,6 +103,15 @@ def test_claims_get_verdicts():
     first = entries["x beats its scratch"]
     assert first["test"] == "one-sided paired t" and first["direction"] == "a > b" and len(first["differences"]) == 5
     assert entries["y does not beat x"]["direction"] == "a < b + 1" and first["rule"]["sign_flip_p"] == 1 / 32
+    # each claim's Holm-adjusted p, over the 6 hypotheses (5 claims and the pre-registered contradiction test); the
+    # contradicted claim's is its contradiction test's, the p its rule reports
+    raw = [verdicts(recs, [{**c, "contradict": False}])[0]["rule"]["p"] for c in claims]
+    opposite = verdicts(recs, [{**claims[2], "expect": "lower", "contradict": False}])[0]["rule"]["p"]
+    adjusted = holm([*raw, opposite])
+    assert [entries[c["claim"]]["rule"]["holm_p"] for c in claims] == pytest.approx([*adjusted[:2], adjusted[5],
+                                                                                     *adjusted[3:5]])
+    assert entries["y beats x (contradiction pre-registered)"]["rule"]["p"] == pytest.approx(opposite)
+    assert "holm_p" not in verdicts(recs, claims[:1], sizes=[3, 5])[0]["rule"]  # a sequential design has none
     for bad, word in (({"a": "w"}, "not a run"), ({"expect": "maybe"}, "expect"),
                       ({"expect": "not_higher"}, "kind: not_higher with a margin"), ({"margin": 1.0}, "margin"),
                       ({"expect": None, "kind": "equivalent"}, "margin"), ({"kind": "no_worse"}, "kind")):

@@ -31,8 +31,8 @@ import math
 from typing import Any
 
 from vlkit.compare.records import POINTS  # records hold fractions; claims' paper effects and margins are in points
-from vlkit.stats.paired import ALPHA, POWER, finite, paired_test
-from vlkit.stats.sequential import KINDS, OPPOSITE, seeds_for_power, sequential_claims
+from vlkit.stats.paired import ALPHA, POWER, finite, holm, paired_test
+from vlkit.stats.sequential import KINDS, OPPOSITE, hypothesis_test, seeds_for_power, sequential_claims
 
 EXPECTATIONS = ("higher", "lower")
 CLAIM_KINDS = ("superiority", "not_higher", "equivalent")
@@ -137,7 +137,8 @@ def verdicts(records: list[dict[str, Any]], claims: list[dict[str, Any]], sizes:
     """Each claim with its paired statistics (a - b over the seeds both have: effect, CI, SD, the per-seed
     ``differences``), its test and direction, and the rule's verdict: ``sizes`` the looks of ``compare.until=decided``
     (the group-sequential rule), None for a fixed comparison (one look at the seeds there are: Holm). ``rule`` holds
-    the look, seeds, p, sign-flip p and the boundary's level at the decision (`vlkit.stats.sequential`)."""
+    the look, seeds, p, sign-flip p and the boundary's level at the decision (`vlkit.stats.sequential`), and in a
+    fixed comparison ``holm_p``, the claim's Holm-adjusted p (`holm_ps`)."""
     out, diffs = [], []
     for c in claims:
         seeds, a, b = claim_values(records, c)
@@ -154,7 +155,21 @@ def verdicts(records: list[dict[str, Any]], claims: list[dict[str, Any]], sizes:
     for entry, rule in zip(out, rules):
         entry["rule"] = rule
         entry["verdict"] = _verdict(rule)
+    if sizes is None:
+        for entry, adjusted in zip(out, holm_ps(out, claims)):
+            entry["rule"]["holm_p"] = adjusted
     return out
+
+
+def holm_ps(entries: list[dict[str, Any]], claims: list[dict[str, Any]]) -> list[float]:
+    """Each claim's Holm-adjusted p in a fixed comparison (one look): Holm over every hypothesis of the family (a
+    claim's ``contradict`` test is one of its own), given for the hypothesis its ``rule`` reports (the contradiction
+    test's for a contradicted claim): the smallest family-wise level at which Holm's t-tests decide it."""
+    tests = [(i, False) for i in range(len(claims))] + [(i, True) for i, c in enumerate(claims) if c.get("contradict")]
+    ps = [hypothesis_test(entries[i]["differences"], kind_of(claims[i]), (claims[i].get("margin") or 0.0) / POINTS,
+                          opposite)["p"] for i, opposite in tests]
+    adjusted = dict(zip(tests, holm(ps)))
+    return [adjusted[(i, e["rule"]["direction"] < 0)] for i, e in enumerate(entries)]
 
 
 def claim_runs(claim: dict[str, Any]) -> set[str]:
@@ -193,4 +208,4 @@ def seeds_needed(entries: list[dict[str, Any]], seed_hours: dict[str, float], al
 
 
 __all__ = ["CLAIM_KINDS", "EXPECTATIONS", "check_claims", "claim_effect", "claim_runs", "claim_values", "direction",
-           "kind_of", "seeds_needed", "test_of", "verdicts"]
+           "holm_ps", "kind_of", "seeds_needed", "test_of", "verdicts"]

@@ -2,6 +2,7 @@
 digest) and the environment it ran in (package versions, git commit, the float kernels and torch's build)."""
 from __future__ import annotations
 
+import json
 import platform
 import subprocess
 import sys
@@ -48,6 +49,15 @@ def _processor() -> str:
     return platform.processor()
 
 
+def _written(path: Path) -> dict[str, Any]:
+    """The manifest already at ``path`` ({} when there is none or it is unreadable)."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def git_commit() -> str | None:
     try:
         root = Path(__file__).resolve().parent.parent
@@ -61,9 +71,11 @@ def write_manifest(output_dir: Path, cfg: dict[str, Any], audit: dict[str, Any],
                    account: dict[str, Any], complete: bool = True) -> dict[str, Any]:
     """Write ``manifest.json``: the resolved config (``vlkit compare manifest=`` reruns it), seeds, data hash
     and parts, ids seen, the feature store's digest, package versions, the platform (processor, float kernels, torch's
-    build), git commit, command, wall time over every
+    build), git commit and command of the session that started the comparison (a resume or `compare-report` keeps
+    them; each session's own command is in ``sessions/``), wall time over every
     session and what the comparison spent (``account``: `vlkit.compare.account`, without its per-unit rows), the
     machine speed its units recorded (``machine``) and whether every unit had finished (``complete``)."""
+    first = _written(output_dir / "manifest.json")  # the command, machine and commit that started it stay its own
     manifest = {
         "config": {k: v for k, v in cfg.items() if k not in ("output_dir", "manifest", "expected_data_hash", "resume",
                                                              "dry_run")},
@@ -72,9 +84,9 @@ def write_manifest(output_dir: Path, cfg: dict[str, Any], audit: dict[str, Any],
         "ids_seen": {"pretrain": audit["pretrain_ids"], "finetune": audit["finetune_ids"]},
         "feature_store": {"path": store, "sha256": sha256_file(store)} if store else None,
         "packages": package_versions(),
-        "platform": platform_record(),
-        "git_commit": git_commit(),
-        "command": " ".join(sys.argv),
+        "platform": first.get("platform") or platform_record(),
+        "git_commit": first.get("git_commit") or git_commit(),
+        "command": first.get("command") or " ".join(sys.argv),
         "wall_s": account["wall_s"],
         "account": {k: v for k, v in account.items() if k != "units"},
         "machine": audit.get("machine"),

@@ -156,14 +156,15 @@ def detectable_note(mde: dict[str, dict[str, float]], seeds: int) -> str:
 def claims_table(claims: list[dict[str, Any]]) -> str:
     """The claims with their effect and verdict, and beside each the assumptions it rests on: the test and its
     direction or margin, the per-seed differences, the look that decided it (or the last one) with its p against the
-    level, the exact sign-flip p with the smallest one these seeds allow, and whether the decision is parametric-only
-    (`vlkit.compare.claims.verdicts`)."""
+    level (and a fixed comparison's Holm-adjusted p), the exact sign-flip p with the smallest one these seeds allow, and
+    whether the decision is parametric-only (`vlkit.compare.claims.verdicts`)."""
     lines = []
     for c in claims:
         rule = c["rule"]
         effect = "–" if c["effect"] != c["effect"] else f"{c['effect'] * POINTS:+.1f} ± {c['ci95'] * POINTS:.1f}"
         diffs = " ".join(f"{d * POINTS:+.1f}" for d in c["differences"]) or "–"
-        p = "–" if not rule["look"] else f"look {rule['look']} ({rule['n']} seeds): p {_p(rule['p'])} vs {_p(rule['level'])}"
+        p = "–" if not rule["look"] else f"look {rule['look']} ({rule['n']} seeds): p {_p(rule['p'])} vs {_p(rule['level'])}" \
+            + (f" (Holm p {_p(rule['holm_p'])})" if "holm_p" in rule else "")
         lines.append([c["claim"], f"{c['a']} vs {c['b']}", c["metric"], c.get("paper", ""),
                       f"{c['test']}: {c['direction']}", effect, diffs, p, sign_flip_cell(rule),
                       f"**{c['verdict']}**" + (" (decided under normality)" if rule["parametric_only"] else "")])
