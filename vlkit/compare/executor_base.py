@@ -8,7 +8,8 @@ import abc
 from pathlib import Path
 from typing import Any, Callable
 
-from vlkit.registry import EXECUTORS, describe_entry, plugin_of
+from vlkit.config import store_configs
+from vlkit.registry import EXECUTORS, RegistrationError, describe_entry, plugin_of
 
 OUTCOME_STATES = ("finished", "failed", "died")  # how a unit ends, as `Executor.wait` reports it
 
@@ -41,8 +42,6 @@ class Executor(abc.ABC):
     @classmethod
     def check_contract(cls, name: str) -> None:
         """The registration's checks (`vlkit.registry.RegistrationError` naming the class and the rule)."""
-        from vlkit.registry import RegistrationError, describe_entry
-
         what = f"executor {name!r} ({describe_entry(cls)})"
         if cls.__abstractmethods__:
             raise RegistrationError(f"{what}: define {', '.join(sorted(cls.__abstractmethods__))}")
@@ -166,8 +165,6 @@ def notes() -> dict[str, str]:
 def register_hydra_configs() -> None:
     """Store the executors' blocks (plugins included) as ``executors: registered`` at package ``compare`` (the
     defaults list of ``conf/compare.yaml``)."""
-    from vlkit.config import store_configs
-
     store_configs("executors", {"registered": config_node()}, package="compare")
 
 
