@@ -6,16 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from vlkit import objectives
+from vlkit.models import base
+from vlkit.models.recipe import recipe_of
 from vlkit.registry import MODELS, OBJECTIVES, TASKS
+from vlkit.released import PRETRAINED
 
 
 def list_models(presets: bool = False) -> list[str]:
     """Names of the registered model families (built-ins plus plugins); with ``presets=True`` every
     preset as ``<family>/<preset>`` (``uniter/base``, ``uniter/tiny`` ...)."""
     if presets:
-        from vlkit.models.base import list_presets
-
-        return list_presets()
+        return base.list_presets()
     return MODELS.names()
 
 
@@ -27,20 +29,18 @@ def build_model(name_or_cfg: Any, preset: str | None = None, pretrained: str | N
     (`build_processor`) the data decides the sizes it decides on the command line (vocabulary, region feature and
     class sizes; the preset defaults to the processor's), and the model keeps the processor (``model.processor``:
     `save_pretrained` writes it beside the weights)."""
-    from vlkit.models.base import build_model as _build, model_name, split_model_config
-
     if processor is None:
-        return _build(name_or_cfg, preset=preset, pretrained=pretrained, **overrides)
+        return base.build_model(name_or_cfg, preset=preset, pretrained=pretrained, **overrides)
     if pretrained is not None:
         raise ValueError("build_model: pretrained= fixes the model's sizes; a processor= cannot size it")
     if isinstance(name_or_cfg, str):
-        name, named_preset = model_name(name_or_cfg)
+        name, named_preset = base.model_name(name_or_cfg)
     else:
-        name, named_preset, given = split_model_config(name_or_cfg)
+        name, named_preset, given = base.split_model_config(name_or_cfg)
         overrides = {**given, **overrides}
     if name != processor.family:
         raise ValueError(f"build_model: the processor was built for {processor.family}, not {name}")
-    model = _build(processor.model_config(preset or named_preset, **overrides))
+    model = base.build_model(processor.model_config(preset or named_preset, **overrides))
     model.processor = processor
     return model
 
@@ -49,17 +49,13 @@ def list_pretrained(family: str | None = None, available: bool = False) -> list[
     """The named released weights as ``<family>/<tag>`` (``uniter/base.official``), of ``family`` only when
     given; with ``available=True`` only those converted on disk (``vlkit convert pretrained=<name> src=<file>``),
     which ``build_model(family, pretrained=tag)`` loads."""
-    from vlkit.released import PRETRAINED
-
     return [name for name in PRETRAINED.names() if (family is None or name.startswith(f"{family}/"))
             and (not available or PRETRAINED.get(name).converted)]
 
 
 def from_pretrained(path: str, **kwargs: Any):
     """Load a model saved with ``model.save_pretrained(path)`` (config.json + model.safetensors)."""
-    from vlkit.models.base import from_pretrained as _load
-
-    return _load(path, **kwargs)
+    return base.from_pretrained(path, **kwargs)
 
 
 def list_objectives() -> list[str]:
@@ -68,18 +64,13 @@ def list_objectives() -> list[str]:
 
 def build_objective(name: str, model, **cfg: Any):
     """One objective with its head for ``model``: ``build_objective("itm", model, split="half")``."""
-    from vlkit.objectives import build_objective as _build
-
-    return _build(name, model, **cfg)
+    return objectives.build_objective(name, model, **cfg)
 
 
 def build_pretraining(model, mix: Any = None):
     """The pre-training module (heads + objective mix) for ``model``; ``mix`` is a preset name, a YAML
     path or a dict (None: the family's own mix, its recipe's ``mix``)."""
-    from vlkit.models.recipe import recipe_of
-    from vlkit.objectives.mix import build_pretraining as _build
-
-    return _build(model, recipe_of(model).mix if mix is None else mix)
+    return objectives.build_pretraining(model, recipe_of(model).mix if mix is None else mix)
 
 
 def list_tasks() -> list[str]:
@@ -88,6 +79,6 @@ def list_tasks() -> list[str]:
 
 def build_task(name: str, model, **cfg: Any):
     """A downstream task with the family's head for it (or the generic one): ``build_task("vqa", model, num_answers=3129)``."""
-    from vlkit.tasks import build_task as _build
+    from vlkit.tasks import build_task as _build  # start-up cost: vlkit.build_model loads no task (0.1 s, PIL)
 
     return _build(name, model, **cfg)

@@ -34,7 +34,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from vlkit.io import config_dir
+from vlkit.config import (SpecError, check_rules, compose_errors, compose_file, framework_errors, group_options,
+                          missing_keys, override_error, select, set_overrides, to_container, to_yaml)
+from vlkit.io import ConfigFileError, config_dir, read_yaml
+from vlkit.locks import hold
+from vlkit.registry import failed_plugins_note
+from vlkit.runtime import interrupt_on_signals, process_started, shutdown
+from vlkit.validate import DataError
+from vlkit.version import __version__
 
 CONF_DIR = config_dir()
 
@@ -67,8 +74,6 @@ def _file_options(overrides: list[str], search_dir: Path) -> tuple[list[str], di
     refused naming the user's file and line) and copied to ``search_dir/<group>/`` under a name no shipped
     option has, and the override names it. Other keys keep their path (``vlkit convert config=uniter-base.json``).
     Returns the overrides and ``{copy: the user's file}``, so that messages name the user's file."""
-    from vlkit.io import ConfigFileError, read_yaml
-
     out: list[str] = []
     copies: dict[Path, Path] = {}
     for override in overrides:
@@ -98,8 +103,6 @@ def _plain_keys(command: str, overrides: list[str]) -> tuple[list[str], list[str
     """(overrides for Hydra, overrides of plain keys named like a config group): a command whose config has a
     key ``task`` but no ``task`` group (``vlkit convert task=vqa``) takes ``task=vqa`` as that key's value, which
     Hydra would read as a group choice it has no place for."""
-    from vlkit.io import read_yaml
-
     body = read_yaml(CONF_DIR / f"{command}.yaml") or {}
     chosen = {next(iter(d)) for d in body.get("defaults") or [] if isinstance(d, dict)}
     plain = set(body) & set(GROUPS) - chosen
@@ -111,8 +114,6 @@ def _plain_keys(command: str, overrides: list[str]) -> tuple[list[str], list[str
 
 def _set_plain(cfg: Any, overrides: list[str]) -> None:
     """Set the plain-key overrides of `_plain_keys` on a composed config, their values read as Hydra reads values."""
-    from vlkit.config import set_overrides
-
     set_overrides(cfg, overrides)
 
 
@@ -157,8 +158,6 @@ def compose(command: str, overrides: list[str] | None = None):
 
 
 def _compose(command: str, overrides: list[str] | None = None):
-    from vlkit.config import compose_errors, compose_file
-
     missing_option, unreadable, not_composed = compose_errors()
     _register(command)
     overrides = list(overrides or [])
@@ -189,8 +188,6 @@ def _compose(command: str, overrides: list[str] | None = None):
 
 def _unreadable_override(command: str, overrides: list[str], err: Exception) -> UsageError:
     """`UsageError` naming the override Hydra cannot parse, the character at fault and the quoting that reads it."""
-    from vlkit.config import override_error
-
     for override in overrides:
         failure = override_error(override)
         if failure is not None:
@@ -232,8 +229,6 @@ def _missing_option(command: str, err: Any) -> UsageError:
 
         options = sorted({*options, *list_presets()})
     extra = " or a path to a .yaml file of that format" if group in ("objectives", "compare") else ""
-    from vlkit.registry import failed_plugins_note
-
     return UsageError(f"vlkit {command}: unknown {group} {option!r}{_suggest(option, options, f'{group}=')} "
                       f"Choose {group}= from: {', '.join(options)}{extra}{failed_plugins_note()}.")
 
@@ -253,8 +248,6 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 def _keys(cfg: Any) -> list[str]:
     """Every key of a composed config, leaves and the nodes above them (``trainer``, ``trainer.lr`` ...)."""
-    from vlkit.config import to_container
-
     leaves = list(_flatten(to_container(cfg, resolve=False)))
     nodes = {leaf.rsplit(".", k)[0] for leaf in leaves for k in range(1, leaf.count(".") + 1)}
     return sorted(set(leaves) | nodes)
@@ -317,8 +310,6 @@ def _comments(path: Path, prefix: str = "") -> dict[str, str]:
 
 
 def _group_options(command: str) -> dict[str, list[str]]:
-    from vlkit.config import group_options
-
     _register(command)
     cfg = compose(command, [])
     groups = [g for g in GROUPS if g in cfg or g == "objectives"]
@@ -327,8 +318,6 @@ def _group_options(command: str) -> dict[str, list[str]]:
 
 def command_help(command: str) -> str:
     """``vlkit <command> --help``: what the command does, its config groups' choices and its keys."""
-    from vlkit.config import to_container
-
     target, summary = COMMANDS[command]
     lines = [f"usage: vlkit {command} [key=value ...] [--cfg]", "", summary]
     top = CONF_DIR / f"{command}.yaml"
@@ -398,8 +387,6 @@ def run(argv: list[str], started: float | None = None) -> int:
     """Run ``vlkit <argv>``; errors are raised (`console` prints them). ``started``: when the command began (the
     process's start, for the console script), for the commands that account for their time."""
     if argv[:1] in (["--version"], ["-V"]):
-        from vlkit.version import __version__
-
         print(f"vlkit {__version__}")
         return 0
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -422,8 +409,6 @@ def run(argv: list[str], started: float | None = None) -> int:
                          f"--help and --cfg")
     cfg = compose(command, overrides)
     if show_cfg:
-        from vlkit.config import to_yaml
-
         print(to_yaml(cfg))
         return 0
     _check_missing(command, cfg)
@@ -433,8 +418,6 @@ def run(argv: list[str], started: float | None = None) -> int:
     if command in SPEC_COMMANDS:  # compose -> spec -> command: the command holds its folders' locks
         result = fn(build_spec(command, cfg, overrides, started))
         return int(getattr(result, "code", 0))
-    from vlkit.config import SpecError, check_rules, to_container
-
     rules = getattr(sys.modules[fn.__module__], "KEY_RULES", {}).get(command, {})  # the command module's own
     problems = check_rules(rules, to_container(cfg))
     if problems:  # types and ranges of every key, before any data work
@@ -444,8 +427,6 @@ def run(argv: list[str], started: float | None = None) -> int:
     except (TypeError, ValueError):
         parameters = {}
     given = {"overrides": overrides, "started": started}
-    from vlkit.locks import hold
-
     with hold(output_paths(command, cfg), command=shlex.join(["vlkit", *argv])):  # one writer per output folder
         result = fn(cfg, **{k: v for k, v in given.items() if k in parameters})
     return result if isinstance(result, int) else 0
@@ -465,8 +446,6 @@ def build_spec(command: str, cfg: Any, overrides: list[str], started: float | No
     """The typed spec of ``command`` from its composed config ``cfg`` and the command line's ``overrides`` (the keys
     they set are the explicit ones); every key's problem is raised at once (`vlkit.config.SpecError`), named as the
     command line names it (``data.on_error``)."""
-    from vlkit.config import to_container
-
     explicit = frozenset(explicit_keys(overrides))
     plain = to_container(cfg)
     if command == "compare":
@@ -483,8 +462,6 @@ def _check_missing(command: str, cfg: Any) -> None:
     pretrain data=coco`` needs ``data.path`` and ``data.image.path``. (``evaluate`` may take its data from the
     run, ``compare`` its config from ``manifest=`` and its dry run reads no data: their ``data.*`` is not required
     here; a fine-tuning on its task's own files needs only ``data.image.*``.)"""
-    from vlkit.config import missing_keys, to_container
-
     unset = missing_keys(cfg)
     missing = [k for k in _flatten(to_container(cfg, resolve=False)) if k in unset]  # in the file's order
     if command == "evaluate" or (command == "compare" and (cfg.get("manifest") or cfg.get("dry_run") is True)):
@@ -510,8 +487,6 @@ def output_paths(command: str, cfg: Any) -> dict[str, str]:
     """``{key: path}`` of what ``command`` (one without a spec: those hold their own, `SPEC_COMMANDS`) writes
     (`vlkit.locks` holds a lock on each while it runs); none for ``compare-report`` (it rewrites a running
     comparison's report), a dry run, and the ranks of a distributed run after the first (the first holds them)."""
-    from vlkit.config import select
-
     def value(key: str) -> Any:  # None for an absent or missing (???) key: the command names those itself
         return select(cfg, key)
 
@@ -526,17 +501,12 @@ def output_paths(command: str, cfg: Any) -> dict[str, str]:
 
 def _shutdown_distributed(barrier: bool) -> None:
     """Tear the process group down while the interpreter is alive (gloo aborts a process that exits with it)."""
-    from vlkit.runtime import shutdown
-
     shutdown(barrier)
 
 
 def user_error(err: BaseException) -> bool:
     """Whether ``err`` is a mistake in the command line, the config or the data (one paragraph) rather
     than a bug in vlkit (a traceback)."""
-    from vlkit.config import framework_errors
-    from vlkit.validate import DataError
-
     own = type(err).__module__.startswith("vlkit.")
     return isinstance(err, (UsageError, DataError, ValueError, LookupError, OSError, ArithmeticError,
                             *framework_errors())) or (own and isinstance(err, RuntimeError))
@@ -557,8 +527,6 @@ def console(argv: list[str] | None = None) -> int:
     command = argv[0] if argv and argv[0] in COMMANDS else None
     name = f"vlkit {command}" if command else "vlkit"
     debug = os.environ.get("VLKIT_DEBUG", "") not in ("", "0", "false", "no")
-    from vlkit.runtime import interrupt_on_signals, process_started
-
     try:
         with interrupt_on_signals():
             code = run(argv, started=process_started())

@@ -9,7 +9,7 @@ import functools
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from vlkit.registry import MODELS
+from vlkit.registry import MODELS, did_you_mean
 
 
 def framework_errors() -> tuple[type[Exception], ...]:
@@ -350,8 +350,6 @@ _FIELD_RULES = {"int": Rule(int), "float": Rule(float), "bool": Rule(bool), "Opt
 def model_problems(model: Any, key: str = "model") -> list[Problem]:
     """The problems of a ``model`` node (`hydra_node`'s keys): an unknown family, a field the family's config
     dataclass lacks, a value its field's type does not take; named ``<key>.<field>``."""
-    from vlkit.registry import did_you_mean
-
     if model is None:
         return []
     if not isinstance(model, Mapping) or not isinstance(model.get("name"), str):
@@ -380,8 +378,6 @@ def merge_known(base: Any, given: Any, key: str, known: bool = True) -> Any:
     that ``base`` has (unless ``known`` is false), except under a free-form node (null or ``{}`` in ``base``): an
     unknown key raises `SpecError` naming it (``<key>.<name>``) with the closest names. A non-mapping ``given``
     replaces ``base``."""
-    from vlkit.registry import did_you_mean
-
     if dataclasses.is_dataclass(given) and not isinstance(given, type):
         given = dataclasses.asdict(given)
     if not isinstance(given, Mapping) or not isinstance(base, Mapping) or not base:

@@ -19,7 +19,12 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from vlkit.data.tokenizers import TOKENIZER_DIR
+from vlkit.data.collate import VLCollator
+from vlkit.data.pairs import ImageTextPairs
+from vlkit.data.tokenizers import TOKENIZER_DIR, run_tokenizer, save_tokenizer
+from vlkit.environment import cache_dir as cache_root, prepare_environment
+from vlkit.features.commands import image_files
+from vlkit.models.base import MODELS, from_pretrained, model_name, split_model_config
 from vlkit.runs import RUN_INFO, read_recorded_path, read_recorded_paths, record_path, record_paths, run_data, \
     write_record
 from vlkit.types import VLBatch
@@ -63,8 +68,6 @@ class VLProcessor:
         """The family's config of ``preset`` (default: the processor's) with ``overrides``, sized by the data as
         the commands size it (`vlkit.environment.data_sizes`: vocabulary, region feature and class sizes); a
         pixel model must read images at the processor's size."""
-        from vlkit.environment import prepare_environment
-
         model_cfg = {"name": self.family, "preset": preset or self.preset, **overrides}
         return prepare_environment(model_cfg, self.environment.data, (self.build or {}).get("cache_dir"),
                                    progress=False).model
@@ -77,8 +80,6 @@ class VLProcessor:
     def dataset(self, images: Sequence[Any], text: Sequence[str]) -> Any:
         """An `ImageTextPairs` of ``images[k]`` with ``text[k]`` (tokenised as the commands tokenise, up to
         ``data.max_len`` tokens), the examples a DataLoader with ``collate_fn=processor.collator`` batches."""
-        from vlkit.data.pairs import ImageTextPairs
-
         if isinstance(text, str):
             text = [text]
         if isinstance(images, (str, os.PathLike)):
@@ -98,8 +99,6 @@ class VLProcessor:
         """Write ``processor.json`` (its data config, and the arguments it was built with, their paths as
         `vlkit.runs.record_paths` records them; the cache it used is the user's, not recorded) and the tokenizer
         (``tokenizer/``) into ``directory``, beside a model's weights."""
-        from vlkit.data.tokenizers import save_tokenizer
-
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         save_tokenizer(self.tokenizer, directory)
@@ -137,8 +136,6 @@ class VLProcessor:
 
 
 def _collator(tokenizer: Any) -> Any:
-    from vlkit.data.collate import VLCollator
-
     return VLCollator(pad_token_id=tokenizer.pad_token_id or 0)
 
 
@@ -154,9 +151,6 @@ def build_processor(family: str, tokenizer: str | os.PathLike | None = None, ima
     detector; ``butd`` with ``weights``) finds in it, extracted on the first build into ``cache_dir`` (default
     ``$VLKIT_CACHE`` or ~/.cache/vlkit) and reused while the folder is unchanged. ``image``: further
     ``data.image`` settings (``num_bb``, ``transform`` ...)."""
-    from vlkit.models.base import MODELS, model_name
-    from vlkit.environment import prepare_environment
-
     name, named_preset = model_name(family)
     if preset is not None and named_preset is not None and preset != named_preset:
         raise ValueError(f"build_processor: {family!r} names preset {named_preset!r}, not preset={preset!r}")
@@ -198,9 +192,7 @@ def folder_features(folder: Path, detector: str = "shapes", weights: Any = None,
     """The feature store of ``detector``'s regions of every image of ``folder``: extracted once into the cache
     (`vlkit.features.detector.extract_features`, as ``vlkit extract-features`` does), under a name that changes
     when a file of the folder does (name, size or modification time)."""
-    from vlkit.features.commands import image_files
     from vlkit.features.detector import extract_features
-    from vlkit.environment import cache_dir as cache_root
 
     files = image_files(folder)
     digest = hashlib.sha256(json.dumps([str(folder.resolve()), detector, str(weights), *[
@@ -245,9 +237,6 @@ def _read(path: Path, images: Any = None, cache_dir: Any = None) -> VLProcessor:
 
 def _from_data(model_cfg: Mapping[str, Any], data: Mapping[str, Any], init: Any = None,
                cache_dir: Any = None) -> VLProcessor:
-    from vlkit.models.base import split_model_config
-    from vlkit.environment import prepare_environment
-
     env = prepare_environment(model_cfg, data, cache_dir, progress=False, init=init)
     return VLProcessor(split_model_config(model_cfg)[0], env)
 
@@ -255,8 +244,7 @@ def _from_data(model_cfg: Mapping[str, Any], data: Mapping[str, Any], init: Any 
 def _from_run(directory: Path, images: Any = None, cache_dir: Any = None) -> VLProcessor:
     """The processor of a run's recorded data (its tokenizer folder, ``data.max_len`` and ``data.image``, its paths
     read by `vlkit.runs`' rule)."""
-    from vlkit.data.tokenizers import run_tokenizer
-    from vlkit.train.preflight import read_init
+    from vlkit.train.preflight import read_init  # start-up cost: only a run's folder loads vlkit.train (accelerate)
 
     data = run_data(directory, {"data.image.path": images}, cache_dir, _PASSED)
     _, model_cfg = read_init(directory)
@@ -274,8 +262,6 @@ def load_model_and_processor(directory: str | os.PathLike, images: str | os.Path
     run's output_dir; the model keeps its processor (``model.processor``), so saving it again writes both.
     ``images`` and ``cache_dir``: as `VLProcessor.from_pretrained` takes them (a model folder from someone else
     never chooses what vlkit reads outside it or where it writes)."""
-    from vlkit.models.base import from_pretrained
-
     model = from_pretrained(directory)
     model.processor = VLProcessor.from_pretrained(directory, images, cache_dir)
     return model, model.processor

@@ -22,7 +22,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from vlkit.io import atomic_write_text
+from vlkit.data.tokenizers import save_tokenizer
+from vlkit.io import atomic_write_text, save_weights
 from vlkit.validate import DataError
 
 PRETRAINING_WEIGHTS = "pretraining.safetensors"
@@ -188,9 +189,6 @@ def read_recorded_paths(data: Mapping[str, Any], record: str | os.PathLike, give
 def save_run(directory: Path, module: Any, info: dict[str, Any], tokenizer: Any = None) -> None:
     """Write the final model (``model/``), the run's ``tokenizer/`` (when given), the whole training module's
     weights and ``run.json``."""
-    from vlkit.data.tokenizers import save_tokenizer
-    from vlkit.io import save_weights
-
     directory.mkdir(parents=True, exist_ok=True)
     module.model.save_pretrained(directory / "model")
     if tokenizer is not None:

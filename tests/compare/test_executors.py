@@ -115,9 +115,9 @@ def test_dry_run_prints_every_unit_and_the_cost_per_executor(capsys, cache, monk
         monkeypatch.setattr(pipeline, name, spy)
     import torch
 
-    import vlkit.runtime
+    from vlkit.compare import estimate
 
-    monkeypatch.setattr(vlkit.runtime, "gemm_gflops", lambda: 123.4)
+    monkeypatch.setattr(estimate, "gemm_gflops", lambda: 123.4)
     args = ["compare", *SMALL, f"cache_dir={cache}", "dry_run=true", "compare.plan.method=probe",
             "+compare.trainer.common.mixed_precision=bf16",
             "compare.probe.batch_size=4", "compare.probe.finetune_batch_size=2", "compare.probe.warmup_steps=2",

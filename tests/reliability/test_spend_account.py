@@ -14,7 +14,7 @@ import psutil
 import pytest
 from refusal_cases import comparison_file
 
-from vlkit.compare import account as account_module
+from vlkit.compare import account as account_module, command as command_module
 from vlkit.compare.account import SESSIONS_DIR, SKEW_S, Session, read_sessions, unit_attempts
 
 FAST = ["threads=1", "workers=1", "progress=false"]
@@ -41,7 +41,7 @@ def test_a_failing_account_keeps_every_record_and_the_report_says_what_failed(tm
     mine = comparison_file(tmp_path, "{name: scratch, model: {name: uniter, preset: tiny}, objectives: null}")
     args = ("compare", f"compare={mine}", f"output_dir={out}", *FAST, f"cache_dir={tmp_path / 'cache'}")
     with monkeypatch.context() as patch:  # pricing the plan fails: the account has spent figures, no planned ones
-        patch.setattr(account_module, "spent_costs", _raise)
+        patch.setattr(command_module, "spent_costs", _raise)
         code, stdout, err = vlkit_console(*args)
     assert code == 0, err
     unit = json.loads((out / "runs/scratch/seed0/scratch-vqa/unit.json").read_text())

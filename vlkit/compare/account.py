@@ -31,8 +31,12 @@ from typing import Any, Callable
 import psutil
 
 from vlkit.compare.comparison import describe
+from vlkit.compare.config import unit_threads
+from vlkit.compare.costs import cost_settings, count_costs
+from vlkit.compare.executor_base import unit_nodes
 from vlkit.compare.units import UnitFolder, close_attempt
-from vlkit.io import UnreadableFileError
+from vlkit.flops.devices import choose_device
+from vlkit.io import UnreadableFileError, atomic_write_text, dump_json
 from vlkit.locks import START_TOLERANCE_S
 from vlkit.runtime import process_started
 
@@ -87,8 +91,6 @@ class Session:
         return session
 
     def write(self) -> None:
-        from vlkit.io import atomic_write_text, dump_json
-
         atomic_write_text(self.path, dump_json(self.record))
 
     def beat(self) -> None:
@@ -273,12 +275,6 @@ def spent_costs(comparison: Any, results: dict[Any, dict[str, Any]]) -> Any:
     on the device they ran on (`vlkit.flops.devices.choose_device` with the GPUs the finished units recorded,
     ``machine.device``). The FLOPs counted are kept in the folder (``flops.json``), so a later report counts only
     what is new."""
-    from vlkit.compare.config import unit_threads
-    from vlkit.compare.costs import cost_settings, count_costs
-    from vlkit.compare.executor_base import unit_nodes
-    from vlkit.flops.devices import choose_device
-    from vlkit.io import atomic_write_text, dump_json
-
     compare = comparison.compare
     settings = cost_settings(compare)
     gpus = int(compare.get("gpus_per_unit") or 0)

@@ -15,18 +15,31 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from vlkit.compare.account import Session, heartbeat_s
+from vlkit.compare.account import Session, guarded, heartbeat_s, settled, spent_costs
 from vlkit.compare.claims import check_claims
 from vlkit.compare.comparison import Comparison
 from vlkit.compare.config import objective_mix
+from vlkit.compare.costs import seed_costs
+from vlkit.compare.estimate import dry_run
+from vlkit.compare.executor_base import run_keys
+from vlkit.compare.executors import ExecutorSettings
 from vlkit.compare.looks import replay_looks
+from vlkit.compare.manifest import write_manifest
+from vlkit.compare.plots import plot_alignment
 from vlkit.compare.preregistration import PREREGISTERED, check_preregistered, preregistration
 from vlkit.compare.records import collect, finished_results, unit_states
+from vlkit.compare.report import account_line, account_notes, units_markdown, write_outputs
 from vlkit.compare.scheduler import run_session
 from vlkit.compare.spec import CompareSpec
-from vlkit.compare.units import PLAN_FILE, changed_keys
-from vlkit.io import clean_json, read_json
+from vlkit.compare.units import PLAN_DAMAGED, PLAN_FILE, changed_keys
+from vlkit.config import plain
+from vlkit.digests import known, remember
+from vlkit.io import atomic_write_text, clean_json, dump_json, read_json
 from vlkit.locks import hold
+from vlkit.objectives.mix import mix_objectives
+from vlkit.registry import EXECUTORS, OBJECTIVES
+from vlkit.runtime import every
+from vlkit.train import pipeline
 
 
 # Keys a resumed comparison may change: where and how units run, not what they compute (with each executor's
@@ -40,11 +53,6 @@ RESUME_SAFE = ("output_dir", "resume", "dry_run", "progress", "workers", "cache_
 def saved_plan(cfg: dict[str, Any], output_dir: Path, resume: bool) -> dict[str, Any] | None:
     """The checks of `write_plan`, which write nothing: the plan saved in ``output_dir`` when resuming (None for a new
     comparison); a folder that holds something else, or a changed configuration, is refused."""
-    from vlkit.compare.executor_base import run_keys
-    from vlkit.io import dump_json
-    from vlkit.compare.units import PLAN_DAMAGED
-    from vlkit.io import read_json
-
     path = output_dir / PLAN_FILE
     if not (output_dir.exists() and any(output_dir.iterdir())):
         return None
@@ -74,8 +82,6 @@ def write_plan(cfg: dict[str, Any], output_dir: Path, argv: list[str], resume: b
     or, resuming, check the saved one (`saved_plan`): a changed configuration is refused naming each key that
     changed (`RESUME_SAFE` keys may change, and the plan then holds their new values and the resuming command).
     Every check comes before the first write."""
-    from vlkit.io import atomic_write_text, dump_json
-
     path = output_dir / PLAN_FILE
     saved = saved_plan(cfg, output_dir, resume)
     record = {"config": _planned(cfg), "argv": argv, "digests": digests or {},
@@ -120,11 +126,6 @@ def _invocation(spec: CompareSpec) -> str:
 def _main(spec: CompareSpec, output_dir: Path) -> ComparisonResult:
     import torch
 
-    from vlkit.compare.executors import ExecutorSettings
-    from vlkit.digests import known, remember
-    from vlkit.registry import EXECUTORS
-    from vlkit.runtime import every
-
     started = time.time() if spec.started is None else spec.started
     cfg, compare = spec.config, spec.compare
     settings = ExecutorSettings(cfg)
@@ -144,8 +145,6 @@ def _main(spec: CompareSpec, output_dir: Path) -> ComparisonResult:
     for unit in comparison.all_units():  # every unit's identity: its settings and the content of its input files
         comparison.unit_hash(unit)
     if cfg.get("dry_run"):
-        from vlkit.compare.estimate import dry_run
-
         table = dry_run(comparison, settings)
         if not spec.quiet:
             print(table)
@@ -210,15 +209,6 @@ def report_from_folder(comparison: Comparison, session: Any = None, how: str = "
     and the account's line (and every run's records, with ``with_records``). A failure of the account (pricing the
     units' FLOPs, reading the sessions) costs no record: the report is written, its account saying what failed
     (`vlkit.compare.account.guarded`)."""
-    from vlkit.compare.account import guarded, settled, spent_costs
-    from vlkit.compare.manifest import write_manifest
-    from vlkit.compare.plots import plot_alignment
-    from vlkit.compare.report import account_line, account_notes, units_markdown, write_outputs
-    from vlkit.io import atomic_write_text
-    from vlkit.objectives.mix import mix_objectives
-    from vlkit.registry import OBJECTIVES
-    from vlkit.train import pipeline
-
     cfg, output_dir = comparison.cfg, comparison.output_dir
     replay_looks(comparison)
     states = unit_states(comparison)
@@ -248,8 +238,6 @@ def report_from_folder(comparison: Comparison, session: Any = None, how: str = "
                   if env.data["image"].get("source") == "features"), None)
     costs = None
     if cfg["compare"].get("claims") and spent is not None:  # what the seeds a claim needs would cost
-        from vlkit.compare.costs import seed_costs
-
         costs, why = guarded("the cost of more seeds", lambda: seed_costs(comparison, spent))
         failed += [why] if why else []
     if session is not None:  # the account's last figure: this session's span
@@ -265,15 +253,10 @@ def report_from_folder(comparison: Comparison, session: Any = None, how: str = "
 
 def report_main(cfg: Any) -> int:
     """`vlkit compare-report output_dir=D`: the report of the comparison in D from its units' folders."""
-    from vlkit.config import plain
-
     output_dir = Path(plain(cfg)["output_dir"])
     plan = output_dir / PLAN_FILE
     if not plan.is_file():
         raise FileNotFoundError(f"{plan} is missing: {output_dir} is not the output_dir of a vlkit comparison")
-    from vlkit.compare.units import PLAN_DAMAGED
-    from vlkit.io import read_json
-
     comparison = Comparison(read_json(plan, PLAN_DAMAGED)["config"], output_dir, progress=False)
     print(report_from_folder(comparison))
     return 0

@@ -9,11 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from vlkit.compare.config import RunSpec, objective_mix, run_data, run_specs, task_cfg
+from vlkit.config import framework_errors
+from vlkit.digests import input_digests
 from vlkit.flops.count import on_meta
 from vlkit.compare.units import Unit, config_hash
 from vlkit.environment import Environment, prepare_environment
-from vlkit.models.base import build_model
-from vlkit.objectives.mix import build_pretraining
+from vlkit.models.base import build_model, split_model_config
+from vlkit.objectives.mix import build_pretraining, check_mix
+from vlkit.registry import MODELS, TASKS
+from vlkit.tasks.base import IncompatibleTask, task_source
+from vlkit.train.trainer import TrainerConfig
 
 
 class Comparison:
@@ -67,8 +72,6 @@ class Comparison:
             print(f"[compare {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
     def environment(self, spec: RunSpec) -> Environment:
-        from vlkit.registry import MODELS
-
         data = run_data(self.cfg["data"], spec)
         key = MODELS.get(spec.family).image_input + json.dumps([spec.model, data], sort_keys=True)
         if key not in self._environments:
@@ -105,9 +108,6 @@ class Comparison:
         """Refuse, before any work, a trainer override that no unit could train with (an unknown key, a
         negative rate ...), naming the run and the stage. A trainer depends on the run and the task only, so
         one unit of each is checked."""
-        from vlkit.config import framework_errors
-        from vlkit.train.trainer import TrainerConfig
-
         for unit in {(u.run, u.task): u for u in self.all_units()}.values():
             try:
                 TrainerConfig.from_cfg(self.unit_trainer(unit))
@@ -122,9 +122,6 @@ class Comparison:
     def tasks_for(self, spec: RunSpec) -> list[str]:
         """The comparison's tasks that the run's model can serve (a task refuses a model kind with
         `IncompatibleTask`, e.g. refexp a pixel model without region proposals)."""
-        from vlkit.registry import MODELS, TASKS
-        from vlkit.tasks.base import IncompatibleTask
-
         tasks = []
         for name in spec.tasks or self.compare["tasks"]:
             try:
@@ -139,10 +136,6 @@ class Comparison:
         naming the run: a typo in a comparison file fails here, not after the plan is written. The mix is built
         for the run's model (on the meta device, as the plan and the account build it), so an objective the model
         cannot serve (MIM on a region family) is refused here, not after the units ran."""
-        from vlkit.models.base import split_model_config
-        from vlkit.objectives.mix import check_mix
-        from vlkit.registry import MODELS
-
         for spec in self.specs:
             try:
                 name, preset, overrides = split_model_config(spec.model)
@@ -158,8 +151,6 @@ class Comparison:
     def check_task_sources(self) -> None:
         """Refuse, before any work, a fine-tuning that reads the shapes world's annotations (``source: shapes``,
         the default) in a run whose data is not the shapes world: it would fail only after its pre-training."""
-        from vlkit.tasks.base import task_source
-
         for spec in self.specs:
             data = run_data(self.cfg["data"], spec).get("name")
             if data == "shapes":
@@ -244,8 +235,6 @@ def describe(err: BaseException) -> str:
 
 def _with_inputs(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with ``inputs``: the digest of every file its settings name (a pre-training's are in its own)."""
-    from vlkit.digests import input_digests
-
     inputs = input_digests({k: v for k, v in config.items() if k != "pretraining"})
     return {**config, "inputs": inputs} if inputs else config
 

@@ -7,7 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from vlkit.compare.executor_base import run_keys
 from vlkit.config import load_yaml, plain
+from vlkit.io import config_dir, read_json, read_yaml
+from vlkit.objectives import load_mix
+from vlkit.registry import TASKS, did_you_mean
+from vlkit.stats.sequential import look_sizes
 
 
 @dataclass
@@ -48,8 +53,6 @@ MANIFEST_RUN_KEYS = ("output_dir", "resume", "dry_run", "workers", "progress", "
 
 
 def manifest_run_keys() -> tuple[str, ...]:
-    from vlkit.compare.executor_base import run_keys
-
     return MANIFEST_RUN_KEYS + run_keys()
 
 
@@ -65,8 +68,6 @@ def resolve_config(cfg: Any, explicit: set[str] | None = None) -> dict[str, Any]
     """The comparison as plain data: from ``manifest=`` when given, else the composed config. With a manifest the
     command line's `manifest_run_keys` apply; any other key it sets (``explicit``) to a value the manifest does not
     hold is refused, named with both values: the manifest's comparison is what runs."""
-    from vlkit.io import read_json
-
     cfg = plain(cfg)
     if not cfg.get("manifest"):
         return cfg
@@ -113,8 +114,6 @@ def comparison_file(path: str | Path) -> str:
     replaces the inherited value (``add_objectives: {}``: none added). Anything else raises `ValueError` naming the
     file."""
     import yaml
-
-    from vlkit.io import config_dir, read_yaml
 
     conf_dir = config_dir()
 
@@ -170,8 +169,6 @@ def drop_preset_title(compare: dict[str, Any], explicit: set[str]) -> None:
 def known_tasks(where: str, tasks: Any) -> None:
     """Raise `KeyError` naming ``where`` when the keys of ``tasks`` name a task vlkit does not know (a misspelt
     one would be ignored). A known task the comparison does not run is fine: one file serves several."""
-    from vlkit.registry import TASKS
-
     unknown = set(tasks or {}) - set(TASKS.names())
     if unknown:
         raise KeyError(f"{where}: unknown task(s) {sorted(unknown)}; tasks: {', '.join(TASKS.names())}")
@@ -188,8 +185,6 @@ def known_task_keys(where: str, overrides: Any) -> None:
 
 
 def _known_keys(where: str, override: Any, base: Any) -> None:
-    from vlkit.registry import did_you_mean
-
     if not isinstance(override, Mapping) or not isinstance(base, Mapping):
         return
     for key, value in override.items():
@@ -236,8 +231,6 @@ def run_specs(compare: dict[str, Any]) -> list[RunSpec]:
 def objective_mix(spec: RunSpec) -> dict[str, Any] | None:
     """The run's objective mix: its preset, its ``mix:`` overrides, then the comparison's
     ``add_objectives`` (the same extra objectives for every contestant, e.g. ``itc``)."""
-    from vlkit.objectives import load_mix
-
     if spec.objectives is None:
         return None
     mix = load_mix(spec.objectives)
@@ -267,16 +260,12 @@ def task_cfg(compare: dict[str, Any], name: str, spec: RunSpec | None = None) ->
 
 def task_file(name: str) -> Path:
     """Task ``name``'s config file, ``conf/task/<name>.yaml``."""
-    from vlkit.io import config_dir
-
     return config_dir() / "task" / f"{name}.yaml"
 
 
 def look_sizes_of(compare: dict[str, Any]) -> list[int] | None:
     """The looks of ``compare.until=decided`` (`vlkit.stats.sequential.look_sizes`), None for a fixed comparison;
     the keys are checked before any work, naming the one at fault."""
-    from vlkit.stats.sequential import look_sizes
-
     until = compare.get("until") or "fixed"
     if until not in ("fixed", "decided"):
         raise ValueError(f"compare.until={until!r}: fixed (every run at compare.seeds) or decided (seeds added in "

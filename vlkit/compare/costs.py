@@ -23,6 +23,7 @@ from vlkit.compare.config import objective_mix, run_data, unit_threads
 from vlkit.compare.executor_base import unit_nodes
 from vlkit.data import tokenizers
 from vlkit.environment import data_sizes
+from vlkit.features.store import FeatureStore
 from vlkit.flops.buckets import Spread, stated_buckets
 from vlkit.flops.count import StepShapes, finetune_step_flops, on_meta, pretrain_step_flops
 from vlkit.flops.devices import DEVICES, PRECISIONS, TRAINER_PRECISION, Device, choose_device, cpu_device
@@ -302,8 +303,6 @@ def _store_header(data: Mapping[str, Any]) -> Any:
         return _shapes_detector()
     path = image.get("path")
     if path and Path(path).is_file():
-        from vlkit.features.store import FeatureStore
-
         with FeatureStore(path) as store:
             return SimpleNamespace(feature_dim=store.feature_dim, num_classes=store.num_classes)
     return None

@@ -9,6 +9,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from vlkit.compare.config import objective_mix
+from vlkit.compare.costs import cost_settings, count_costs, seed_costs, seed_hours
+from vlkit.compare.executor_base import executors, unit_nodes
+from vlkit.compare.looks import looks_plan
+from vlkit.compare.report import figure, markdown_table
+from vlkit.compare.unit_work import UnitWork
+from vlkit.runtime import GEMM_PROBE, gemm_gflops
+from vlkit.train import pipeline
+
 PROBE_STEPS = 30  # timed steps per probe (compare.probe.steps)
 WARMUP_STEPS = 20  # untimed steps before them (compare.probe.warmup_steps): a run's first steps are slower, as its
 # first epoch builds each example and each new shape its kernels (benchmarks/probe_accuracy.py)
@@ -27,9 +36,6 @@ def probe(comparison: Any, steps: int = PROBE_STEPS, batch_size: int | None = No
     probe trains in fp32 (`probe_precision`)."""
     import gc
     import json
-
-    from vlkit.compare.unit_work import UnitWork
-    from vlkit.train import pipeline
 
     precision, work = probe_precision(), UnitWork(comparison)
 
@@ -60,9 +66,6 @@ def step_times(work: Any, unit: Any, model: Any, steps: int, batch_size: int | N
     """Wall seconds of each of ``steps`` training steps of ``unit``'s kind on ``model`` (the trainer's ``step_s``;
     ``work``: the comparison's `vlkit.compare.unit_work.UnitWork`, which holds its task data),
     at ``batch_size`` (None: the unit's own) scaled linearly to the unit's batch, in a temporary folder."""
-    from vlkit.compare.config import objective_mix
-    from vlkit.train import pipeline
-
     comparison = work.comparison
     spec = comparison.specs[unit.run]
     env = comparison.environment(spec)
@@ -108,8 +111,6 @@ def simulate(durations: dict[str, float], depends: dict[str, str | None], order:
 
 def dry_run(comparison: Any, settings: Any) -> str:
     """The plan as text: one line per unit, then the total and the wall time per executor."""
-    from vlkit.compare.costs import cost_settings
-
     costs = cost_settings(comparison.compare)
     if costs["method"] == "flops":
         return flops_estimate(comparison, settings, costs)
@@ -119,19 +120,12 @@ def dry_run(comparison: Any, settings: Any) -> str:
 def executor_lines(settings: Any, wall_hours: Any) -> list[str]:
     """Each registered executor's line (`vlkit.compare.executor_base.Executor.estimate_line`); ``wall_hours(n)``: the
     plan's wall time with ``n`` units at once, as text."""
-    from vlkit.compare.executor_base import executors
-
     return [cls.estimate_line(settings, wall_hours) for cls in executors().values()]
 
 
 def flops_estimate(comparison: Any, settings: Any, plan_cfg: dict[str, Any]) -> str:
     """The FLOP estimate as text: per unit its FLOPs per step, steps, device-hours and wall; the total FLOPs and
     GPU-hours, and the wall time per executor."""
-    from vlkit.compare.costs import count_costs, seed_costs
-    from vlkit.compare.executor_base import unit_nodes
-    from vlkit.compare.looks import looks_plan
-    from vlkit.compare.report import figure, markdown_table
-
     nodes = unit_nodes(comparison.compare)
     costs = count_costs(comparison, plan_cfg, settings.gpus_per_unit, settings.threads, nodes)
     units = [row.unit for row in costs.units]
@@ -167,12 +161,6 @@ def probe_estimate(comparison: Any, settings: Any) -> str:
     """The measured estimate (``compare.plan.method=probe``) as text: one line per unit, then device-hours and wall
     time per executor."""
     import torch
-
-    from vlkit.compare.costs import seed_hours
-    from vlkit.compare.executor_base import unit_nodes
-    from vlkit.compare.looks import looks_plan
-    from vlkit.compare.report import markdown_table
-    from vlkit.runtime import GEMM_PROBE, gemm_gflops
 
     units = comparison.all_units()
     threads = torch.get_num_threads()

@@ -8,7 +8,8 @@ import abc
 from pathlib import Path
 from typing import Any, Callable
 
-from vlkit.registry import EXECUTORS, describe_entry, plugin_of
+from vlkit.config import store_configs
+from vlkit.registry import EXECUTORS, RegistrationError, describe_entry, plugin_of
 
 OUTCOME_STATES = ("finished", "failed", "died")  # how a unit ends, as `Executor.wait` reports it
 
@@ -34,15 +35,13 @@ class Executor(abc.ABC):
     resume_safe: tuple[str, ...] | None = None
     slots: int = 1
 
-    def __init__(self, plan_path: Path | str, settings: "ExecutorSettings"):
+    def __init__(self, plan_path: Path | str, settings: Any):
         self.plan_path, self.settings = str(plan_path), settings
         self.options = settings.block(self.name)
 
     @classmethod
     def check_contract(cls, name: str) -> None:
         """The registration's checks (`vlkit.registry.RegistrationError` naming the class and the rule)."""
-        from vlkit.registry import RegistrationError, describe_entry
-
         what = f"executor {name!r} ({describe_entry(cls)})"
         if cls.__abstractmethods__:
             raise RegistrationError(f"{what}: define {', '.join(sorted(cls.__abstractmethods__))}")
@@ -54,11 +53,11 @@ class Executor(abc.ABC):
         cls.name = name
 
     @classmethod
-    def check(cls, settings: "ExecutorSettings") -> None:
+    def check(cls, settings: Any) -> None:
         """Refuse settings this executor cannot run with (a missing extra, a bad key), before any file is written."""
 
     @classmethod
-    def planned_slots(cls, settings: "ExecutorSettings") -> int:
+    def planned_slots(cls, settings: Any) -> int:
         """Units at once, as the dry run plans them (no machine is asked)."""
         return settings.workers
 
@@ -68,7 +67,7 @@ class Executor(abc.ABC):
         return 1
 
     @classmethod
-    def estimate_line(cls, settings: "ExecutorSettings", wall_hours: Callable[[int], str]) -> str:
+    def estimate_line(cls, settings: Any, wall_hours: Callable[[int], str]) -> str:
         """The dry run's line of this executor; ``wall_hours(n)``: the plan's wall time with ``n`` units at once."""
         n = cls.planned_slots(settings)
         return f"- executor {cls.name}: {n} unit(s) at once -> about {wall_hours(n)} h wall"
@@ -166,8 +165,6 @@ def notes() -> dict[str, str]:
 def register_hydra_configs() -> None:
     """Store the executors' blocks (plugins included) as ``executors: registered`` at package ``compare`` (the
     defaults list of ``conf/compare.yaml``)."""
-    from vlkit.config import store_configs
-
     store_configs("executors", {"registered": config_node()}, package="compare")
 
 

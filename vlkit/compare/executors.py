@@ -21,8 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vlkit.extras import require
+from vlkit.compare.config import unit_threads
 from vlkit.compare.executor_base import Executor, blocks
+from vlkit.compare.units import UnitFolder
+from vlkit.compare.worker import run_job
+from vlkit.extras import require
 from vlkit.registry import register_executor
 from vlkit.runtime import exit_with
 
@@ -32,8 +35,6 @@ class ExecutorSettings:
     ``compare.<name>`` block (`block`)."""
 
     def __init__(self, cfg: dict[str, Any]):
-        from vlkit.compare.config import unit_threads
-
         compare = cfg["compare"]
         self.workers = int(cfg.get("workers") or min(2, os.cpu_count() or 1))
         self.threads = unit_threads(cfg)
@@ -50,8 +51,6 @@ def _pool_worker(connection: Any, plan_path: str, env: dict[str, str], launch: l
     os.environ.update(env)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what a Ctrl-C stops
     exit_with(os.getppid())
-    from vlkit.compare.worker import run_job
-
     while True:
         try:
             key = connection.recv()
@@ -67,8 +66,6 @@ def _pool_worker(connection: Any, plan_path: str, env: dict[str, str], launch: l
 
 def outcome_on_disk(plan_path: str, key: str, otherwise: str) -> dict[str, Any]:
     """The outcome a unit recorded in its folder (a unit whose state stayed ``running`` died)."""
-    from vlkit.compare.units import UnitFolder
-
     state = UnitFolder(Path(plan_path).parent / "runs" / key, key).read() or {}
     if state.get("state") in ("finished", "failed"):
         return {"unit": key, "state": state["state"], "error": state.get("error")}
@@ -227,8 +224,6 @@ class UnitJob:
 
         if submitit.JobEnvironment().num_tasks > 1:
             submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
-        from vlkit.compare.worker import run_job
-
         return run_job(plan_path, key)
 
     def checkpoint(self, plan_path: str, key: str) -> Any:
@@ -389,8 +384,6 @@ class RayExecutor(Executor):
 def _ray_unit(plan_path: str, key: str, driver: int | None) -> dict[str, Any]:
     """A unit as a Ray task; on a local cluster its worker ends with the ``driver`` process (Ray's own workers
     outlive a SIGKILLed driver by seconds, long enough to finish a unit beside the session that resumes it)."""
-    from vlkit.compare.worker import run_job
-
     if driver is not None:
         exit_with(driver)
     return run_job(plan_path, key)

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vlkit.compare.claims import claim_runs, seeds_needed, verdicts
+from vlkit.compare.config import comparison_title, look_sizes_of
 from vlkit.compare.plots import plot_results
 from vlkit.compare.preregistration import max_device_hours, seeds_cost, spend_factor
 from vlkit.compare.records import POINTS, UNITS
 from vlkit.compare.statistics import (COSTS, HEADLINE, VQA_ANSWER_TYPES, baseline_key, chance_levels,
                                       detectable_effects, pairwise_tests, scratch_tests, summarize)
-from vlkit.io import clean_json, dump_json
+from vlkit.io import atomic_write_text, clean_json, dump_json
 from vlkit.runtime import GEMM_PROBE
 from vlkit.stats.paired import ALPHA
 
@@ -368,9 +369,6 @@ def write_outputs(output_dir: Path, cfg: dict[str, Any], records: list[dict[str,
                   ) -> str:
     """results.md, results.json, results.csv and the plots; ``account``: what the comparison spent
     (`vlkit.compare.account`): its line in the header, its section at the end."""
-    from vlkit.compare.config import comparison_title, look_sizes_of
-    from vlkit.io import atomic_write_text
-
     sizes = look_sizes_of(cfg["compare"])
     alpha = cfg["compare"].get("alpha", ALPHA)
     result = analyse(records, cfg["compare"].get("claims"), sizes, costs, alpha)

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 from vlkit.compare.account import heartbeat_s
 from vlkit.compare.config import CLEARED, CLEARED_NODE, drop_preset_title, look_sizes_of, resolve_config
 from vlkit.compare.costs import cost_settings
+from vlkit.compare.executor_base import register_hydra_configs
 from vlkit.config import COUNT, NATURAL, SWITCH, Problem, SpecError, check_rules, store_configs
 from vlkit.data.spec import data_problems
 from vlkit.train.spec import register_configs as register_training_configs
@@ -35,8 +36,6 @@ def register_configs(command: str | None = None) -> None:
     node that clears the keys a comparison file replaces (`vlkit.compare.config.REPLACED_KEYS`)."""
     register_training_configs()
     if command == "compare":
-        from vlkit.compare.executor_base import register_hydra_configs
-
         register_hydra_configs()
         store_configs(None, {CLEARED: CLEARED_NODE}, package="_global_")
 

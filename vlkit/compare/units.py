@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from vlkit.digests import result_digest
+from vlkit.io import atomic_write_text, dump_json, read_json
 from vlkit.runtime import pid_alive, process_started
 
 UNIT_FILE = "unit.json"
@@ -111,8 +113,6 @@ class UnitFolder:
     def read(self) -> dict[str, Any] | None:
         """The unit's state, or None when it never started. A damaged file (truncated, edited: vlkit writes it
         whole) raises `vlkit.io.UnreadableFileError` naming it: what it recorded would otherwise be lost."""
-        from vlkit.io import read_json
-
         try:
             return read_json(self.path, f"the record of unit {self.key}: restore it, or delete it to run the unit "
                                         "again")
@@ -126,8 +126,6 @@ class UnitFolder:
         return state["result"] if status(state, unit_hash) == "finished" else None
 
     def _write(self, state: dict[str, Any]) -> None:
-        from vlkit.io import atomic_write_text, dump_json
-
         self.directory.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.path, dump_json(state))
 
@@ -179,14 +177,10 @@ class UnitFolder:
     def finish(self, unit_hash: str, config: dict[str, Any], attempt: int, result: dict[str, Any]) -> None:
         (self.directory / TRACEBACK_FILE).unlink(missing_ok=True)
         ended, attempts = self._ended(attempt, "finished")
-        from vlkit.digests import result_digest
-
         self._write({"unit": self.key, "state": "finished", "hash": unit_hash, "config": config, "attempt": attempt,
                      "ended": ended, "result": result, "result_digest": result_digest(result), "attempts": attempts})
 
     def fail(self, unit_hash: str, config: dict[str, Any], attempt: int, error: BaseException, trace: str) -> None:
-        from vlkit.io import atomic_write_text
-
         self.directory.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.directory / TRACEBACK_FILE, trace)
         ended, attempts = self._ended(attempt, "failed")
@@ -219,8 +213,6 @@ def status(state: dict[str, Any] | None, unit_hash: str) -> str:
     """How the report shows a unit: ``finished``, ``failed``, ``running`` (or ``died`` when its process on
     this host is gone), ``stale`` (finished under another configuration or other input files), ``altered`` (a
     finished result that no longer matches its ``result_digest``: edited after the unit wrote it) or ``missing``."""
-    from vlkit.digests import result_digest
-
     if state is None:
         return "missing"
     if state.get("hash") != unit_hash:

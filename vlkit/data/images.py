@@ -16,6 +16,8 @@ from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from vlkit.features.patches import pixel_transform
+from vlkit.features.store import FeatureStore
 from vlkit.validate import IMAGE_SUFFIXES, DataError, SkipLog, check_on_error, decode_image, image_folder
 
 log = logging.getLogger("vlkit.data")
@@ -39,8 +41,6 @@ class RegionSource:
     def __init__(self, store: Any, num_bb: int | None = None, conf_th: float = 0.2, max_bb: int = 100,
                  min_bb: int = 10, soft_labels: bool = True, global_feature: bool = False):
         if isinstance(store, (str, os.PathLike)):
-            from vlkit.features.store import FeatureStore
-
             store = FeatureStore(store)
         self.store = store
         self.load_kwargs = {"num_bb": num_bb, "conf_th": conf_th, "max_bb": max_bb, "min_bb": min_bb}
@@ -133,8 +133,6 @@ class PixelSource:
 def build_transform(size: int | None = None, mean: Sequence[float] | None = None,
                     std: Sequence[float] | None = None) -> Callable[[Any], Tensor]:
     """`vlkit.features.patches.pixel_transform` with explicit normalisation values (None: pixels in [0, 1])."""
-    from vlkit.features.patches import pixel_transform
-
     return pixel_transform("none", size, mean=mean, std=std)
 
 
@@ -248,8 +246,6 @@ def _image_source(cfg: Mapping[str, Any], world: Any = None):
                             "(data.image.conf_th, min_bb, max_bb) cannot apply: set data.image.num_bb, a fixed number "
                             "of boxes per image (36 for BUTD's 36-box features)")
         return source
-    from vlkit.features.patches import pixel_transform
-
     if "mean" in cfg or "std" in cfg:
         raise ValueError("data.image.mean / data.image.std are no longer read: name the normalisation with "
                          "data.image.transform (clip | imagenet | vit | none)")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from vlkit.config import COUNT, SWITCH
+from vlkit.data import formats
 from vlkit.data.images import FolderImages
 from vlkit.data.shapes import ShapesWorld
 from vlkit.io import atomic_directory, refuse_overwrite
@@ -158,8 +159,6 @@ KEY_RULES = {"make-shards": {"shard_size": COUNT, "row_group_size": COUNT, "over
 
 def make_shards_main(cfg: Any) -> int:
     """``vlkit make-shards``: see ``conf/make-shards.yaml``."""
-    from vlkit.data import formats
-
     source = cfg.source
     image_bytes = _folder_bytes(cfg.images) if cfg.get("images") else None
     if source == "shapes":

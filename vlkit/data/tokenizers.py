@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from vlkit.data.shapes import shapes_tokenizer
 from vlkit.validate import DataError, check_no_custom_code
 
 SHAPES = "shapes"
@@ -185,8 +186,6 @@ def build_tokenizer(name: str | os.PathLike | None, key: str = "data.tokenizer")
         raise TokenizerError(f"{key} is not set: name a tokenizer (shapes, a hub name or a local folder)")
     name = str(name)
     if name == SHAPES:
-        from vlkit.data.shapes import shapes_tokenizer
-
         return shapes_tokenizer()
     if _looks_like_path(name):
         folder = Path(name).expanduser()

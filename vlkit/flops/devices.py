@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vlkit.runtime import gemm_gflops
+
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 TRAINER_PRECISION = {"no": "fp32", "bf16": "bf16", "fp16": "fp16"}  # trainer.mixed_precision -> the GEMMs' precision
 
@@ -91,8 +93,6 @@ def cpu_device(threads: int, precisions: tuple[str, ...] = ("fp32",)) -> Device:
     """This machine on ``threads`` threads: its measured GEMM rate per precision (`vlkit.runtime.gemm_gflops`) as
     the peak, and vlkit's measured step efficiency as the MFU."""
     import torch
-
-    from vlkit.runtime import gemm_gflops
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -14,10 +14,14 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from vlkit.config import unwrap
 from vlkit.io import WeightsMismatchError, atomic_write_text, key_difference, load_weights, save_weights
+from vlkit.models import compile as blocks
 from vlkit.models.recipe import recipe_of
-from vlkit.registry import MODELS, UnknownNameError, did_you_mean
+from vlkit.registry import MODELS, RegistrationError, UnknownNameError, describe_entry, did_you_mean
+from vlkit.released import known_file, pretrained_weights
 from vlkit.types import Encoded, VLBatch, VLOutput
+from vlkit.version import __version__
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -157,15 +161,11 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
     def set_activation_checkpointing(self, enabled: bool = True) -> int:
         """Recompute every transformer block's activations in the backward pass (less memory, the same
         outputs and gradients); see `vlkit.models.compile.set_activation_checkpointing`."""
-        from vlkit.models.compile import set_activation_checkpointing
-
-        return set_activation_checkpointing(self, enabled)
+        return blocks.set_activation_checkpointing(self, enabled)
 
     def compile_blocks(self, **options: Any) -> int:
         """``torch.compile`` every transformer block in place (`vlkit.models.compile.compile_blocks`)."""
-        from vlkit.models.compile import compile_blocks
-
-        return compile_blocks(self, **options)
+        return blocks.compile_blocks(self, **options)
 
     def forward(self, batch: VLBatch, pooled_only: bool = False, **kwargs: Any) -> VLOutput:
         return self.fuse(self.encode_text(batch, **kwargs), self.encode_image(batch, **kwargs), pooled_only)
@@ -205,8 +205,6 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
         vocabulary for every family, the region feature and class sizes for region families) that ``size_fields``
         maps to a field its config lacks (vlkit's defaults are BERT-stream names: ``v_feature_size`` ...).
         Raises `vlkit.registry.RegistrationError` naming the family, this contract and each problem."""
-        from vlkit.registry import RegistrationError, describe_entry
-
         config = cls.config_class
         problems = []
         if not (isinstance(config, type) and issubclass(config, ModelConfig) and dataclasses.is_dataclass(config)):
@@ -353,8 +351,6 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write ``config.json`` and ``model.safetensors`` (each atomically) into ``directory``, and the model's
         processor (``processor.json`` and ``tokenizer/``) when it has one (`vlkit.build_model(processor=)`)."""
-        from vlkit.version import __version__
-
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         save_weights(self, directory / WEIGHTS_NAME, metadata={"family": self.family, "format": "pt"})
@@ -367,8 +363,6 @@ class VLModel(nn.Module, metaclass=abc.ABCMeta):
 
 def split_model_config(cfg: Mapping) -> tuple[str, str | None, dict[str, Any]]:
     """``{name, preset, <field>: value | null}`` -> (name, preset, the non-null field overrides)."""
-    from vlkit.config import unwrap
-
     cfg = dict(unwrap(cfg))
     if "name" not in cfg:
         raise KeyError(f"a model config needs a 'name' key (one of {', '.join(MODELS.names())}); got keys {sorted(cfg)}")
@@ -435,8 +429,6 @@ def model_name(name: str) -> tuple[str, str | None]:
 def load_pretrained(family: Any, tag: str, preset: str | None = None, overrides: Mapping[str, Any] | None = None
                     ) -> VLModel:
     """The model of the named weights ``<family>/<tag>``, from the run `vlkit convert` wrote for them."""
-    from vlkit.released import known_file, pretrained_weights
-
     if not isinstance(family, str):
         raise TypeError(f"build_model(pretrained={tag!r}) takes a family name, not {type(family).__name__}")
     entry = pretrained_weights(family, tag)

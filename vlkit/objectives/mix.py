@@ -29,6 +29,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
+from vlkit.config import load_yaml, unwrap
 from vlkit.io import config_dir
 from vlkit.models.base import VLModel
 from vlkit.objectives.base import IncompatibleObjective, Objective, PassContext, TokenInfo
@@ -63,8 +64,6 @@ def load_mix(mix: Any) -> dict[str, Any]:
     """A mix as a plain dict: a preset name (``conf/objectives/<name>.yaml``), a YAML path, or a mapping; a
     mapping of objective names only is the short form ``{objective: ratio or options}`` of its ``objectives``
     (``{"mlm": 2, "itm": 1}``: one of them per step, drawn 2:1)."""
-    from vlkit.config import load_yaml, unwrap
-
     if isinstance(mix, (str, Path)):
         path = Path(mix)
         if not path.suffix:

@@ -12,6 +12,8 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from vlkit.data.formats import read_vqa
+from vlkit.data.pairs import ImageTextPairs
 from vlkit.registry import register_task
 from vlkit.tasks.base import HeadTask, TaskData, classification_loss, mean, most_common, split_records
 from vlkit.tasks.metrics import VQA_RULES, mean_by, normalize_answer, vqa_accuracy, vqa_score_from_soft_targets
@@ -176,8 +178,6 @@ def shapes_vqa_records(world: Any, i: int) -> list[dict]:
 
 
 def _vqa_files(spec: Mapping[str, Any]) -> list[dict]:
-    from vlkit.data.formats import read_vqa
-
     if not isinstance(spec, Mapping) or not spec.get("questions"):
         raise ValueError(f"task vqa: each files.<split> entry needs questions (and annotations), got {spec!r}")
     return read_vqa(spec["questions"], spec.get("annotations"), spec.get("image_id_format", "{}"))
@@ -185,8 +185,6 @@ def _vqa_files(spec: Mapping[str, Any]) -> list[dict]:
 
 def _vqa_dataset(records: list[dict], answer2label: Mapping[str, int], tokenizer: Any, image_source: Any,
                  max_len: int, filter_long: bool):
-    from vlkit.data.pairs import ImageTextPairs
-
     rows = []
     for r in records:
         labels, scores = soft_scores(r.get("answers") or [], answer2label)

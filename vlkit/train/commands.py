@@ -15,12 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from vlkit.config import plain
+from vlkit.data.tokenizers import run_tokenizer
 from vlkit.environment import prepare_environment
+from vlkit.io import atomic_write_text, load_weights
 from vlkit.locks import hold
+from vlkit.registry import TASKS
 from vlkit.runs import PATH_KEYS, TASK_WEIGHTS, given_paths, run_data
 from vlkit.runtime import set_threads
-from vlkit.train import pipeline
+from vlkit.tasks import build_task
+from vlkit.tasks.predictions import PREDICTIONS, check_predictions_path, write_predictions
+from vlkit.train import checkpoint as ckpt, pipeline
+from vlkit.train.preflight import Preflight, read_init
 from vlkit.train.spec import EvaluateSpec, FinetuneSpec, PretrainSpec, RunResult
+from vlkit.train.trainer import CHECKPOINTS
 
 def _announce(spec: Any, what: str, payload: dict) -> None:
     if not spec.quiet:
@@ -35,8 +42,6 @@ def _saved_init(spec: Any) -> str | None:
 def _model_and_preflight(spec: Any):
     """(the model config of the run: ``init``'s when given, else ``spec.model``; a `Preflight` holding the
     ``init`` checks)."""
-    from vlkit.train.preflight import Preflight
-
     check = Preflight()
     check.check_output_dir(spec.trainer.output_dir, spec.trainer.resume)
     if spec.init is not None and not isinstance(spec.init, str):  # a model built in Python: its own config
@@ -61,9 +66,6 @@ def _model_and_preflight(spec: Any):
 def _check_init_on_resume(check: Any, spec: Any) -> None:
     """``init`` with ``resume``: a resumed run continues from its own checkpoint, so an ``init`` it did not start
     from would be ignored (and its tokenizer differ): a problem about init= and resume=, not the tokenizer."""
-    from vlkit.data.tokenizers import run_tokenizer
-    from vlkit.train import checkpoint as ckpt
-    from vlkit.train.trainer import CHECKPOINTS
 
     init, out = _saved_init(spec), spec.trainer.output_dir
     if not (init and spec.trainer.resume and out):
@@ -87,8 +89,6 @@ def _check_init_on_resume(check: Any, spec: Any) -> None:
 def _run_data(data_cfg: Any, run: str | Path | None, explicit: set[str] | frozenset[str]) -> dict[str, Any]:
     """``data_cfg`` with the tokenizer a saved ``run`` (``init`` / ``checkpoint``) uses
     (`vlkit.data.tokenizers.run_tokenizer`), unless the caller sets ``data.tokenizer``."""
-    from vlkit.data.tokenizers import run_tokenizer
-
     data = plain(data_cfg)
     saved = run_tokenizer(run) if run else None
     if saved and "data.tokenizer" not in explicit:
@@ -173,12 +173,6 @@ def evaluate(spec: EvaluateSpec) -> RunResult:
 
 
 def _evaluate(spec: EvaluateSpec) -> RunResult:
-    from vlkit.io import atomic_write_text, load_weights
-    from vlkit.registry import TASKS
-    from vlkit.tasks import build_task
-    from vlkit.tasks.predictions import check_predictions_path
-    from vlkit.train.preflight import Preflight, read_init
-
     directory = Path(spec.checkpoint)
     splits = (spec.split,) if spec.split else tuple(spec.eval_splits)
     if spec.predictions and len(splits) != 1:
@@ -209,8 +203,6 @@ def _evaluate(spec: EvaluateSpec) -> RunResult:
         task_cfg = plain(spec.task)
     _check_eval_options(task_cfg["name"], eval_options)
     if spec.predictions:
-        from vlkit.tasks.predictions import PREDICTIONS
-
         fmt = PREDICTIONS.get(task_cfg["name"])  # an unknown format fails before any work
     recorded = spec.data  # a run that records no data: the caller's; else the run's, its paths read by vlkit.runs
     if info.get("data") is not None:  # (gone / not-own paths refused), a path the caller sets replacing the recorded
@@ -237,8 +229,6 @@ def _evaluate(spec: EvaluateSpec) -> RunResult:
     metrics: dict[str, Any] = {}
     scored = splits
     if spec.predictions:
-        from vlkit.tasks.predictions import write_predictions
-
         announced["predictions"] = write_predictions(task, data.eval[splits[0]], spec.predictions, batch_size)
         paths["predictions"] = Path(spec.predictions)
         scored = splits if fmt.labelled(data.eval[splits[0]]) else ()
@@ -257,8 +247,6 @@ def _evaluate(spec: EvaluateSpec) -> RunResult:
 def _check_eval_options(task: str, options: dict) -> None:
     """``eval_options.<key>`` must be an option of the task's constructor."""
     import inspect
-
-    from vlkit.registry import TASKS
 
     accepted = inspect.signature(TASKS.get(task)).parameters
     unknown = sorted(set(options) - set(accepted))

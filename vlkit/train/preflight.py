@@ -38,7 +38,21 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from vlkit.validate import SKIPPED_FILE, DataError, SkipLog, first, sample_evenly
+from vlkit.data.images import id_mismatch, image_index
+from vlkit.data.tokenizers import TokenizerError, build_tokenizer, run_tokenizer, same_vocabulary
+from vlkit.data.unknown import MAX_UNK_RATE, dataset_texts, unknown_tokens
+from vlkit.io import atomic_write_text, remove_orphans
+from vlkit.models.base import CONFIG_NAME, VLModel
+from vlkit.objectives.base import IncompatibleObjective
+from vlkit.objectives.corruption import MaskedText, masking_options
+from vlkit.objectives.masking import TOKEN_POLICIES
+from vlkit.objectives.mix import load_mix, mix_objectives
+from vlkit.registry import MODELS, OBJECTIVES, UnknownNameError
+from vlkit.train import checkpoint as ckpt
+from vlkit.train.resume import SAFE_TO_CHANGE, differences
+from vlkit.train.trainer import CHECKPOINTS, TrainerConfig, TrainerConfigError, previous_run
+from vlkit.validate import SKIPPED_FILE, DataError, SkipLog, first, nonfinite_parameters, sample_evenly
+from vlkit.version import __version__
 
 PREFLIGHT_FILE = "preflight.json"
 SAMPLES = 256  # training images whose regions are loaded and validated
@@ -58,8 +72,6 @@ class PreflightError(DataError):
 
 def _unwrap(model: Any) -> Any:
     """The `VLModel` of a model or of a training module (`Pretraining`, a task)."""
-    from vlkit.models.base import VLModel
-
     while not isinstance(model, VLModel) and hasattr(model, "model"):
         model = model.model
     return model
@@ -67,8 +79,6 @@ def _unwrap(model: Any) -> Any:
 
 def read_init(init: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     """(config.json, its content) of ``init=``: a run's output_dir (``model/config.json``) or a model directory."""
-    from vlkit.models.base import CONFIG_NAME
-
     root = Path(init)
     for path in (root / "model" / CONFIG_NAME, root / CONFIG_NAME):
         if path.is_file():
@@ -98,8 +108,6 @@ class Preflight:
 
     # -- the output folder -------------------------------------------------------------------------
     def check_output_dir(self, output_dir: str | os.PathLike, resume: bool, key: str = "trainer.output_dir") -> None:
-        from vlkit.train.trainer import CHECKPOINTS, previous_run
-
         if not str(output_dir).strip():
             self.problem(f"{key} is empty: name the folder the run writes to")
             return
@@ -159,9 +167,6 @@ class Preflight:
         hold keys this one lacks)."""
         import dataclasses
 
-        from vlkit.version import __version__
-        from vlkit.registry import MODELS, UnknownNameError
-
         try:
             config_class = MODELS.get(saved["name"]).config_class
         except UnknownNameError as err:
@@ -177,10 +182,6 @@ class Preflight:
 
     # -- the objective mix ---------------------------------------------------------------------------
     def check_mix(self, model: Any, mix: Any, image_source: Any = None) -> None:
-        from vlkit.objectives.base import IncompatibleObjective
-        from vlkit.objectives.mix import mix_objectives
-        from vlkit.registry import OBJECTIVES, UnknownNameError
-
         model = _unwrap(model)
         try:
             names = mix_objectives(mix)
@@ -209,8 +210,6 @@ class Preflight:
         """``tokenizer`` (``key=name``) against the model's word embeddings: more tokens than rows is a problem (an
         IndexError at step 1); with ``run`` (``init=`` / ``checkpoint=``), a tokenizer other than the one the
         run saved (`vlkit.data.tokenizers.run_tokenizer`) is one too, even when it fits (silently wrong ids)."""
-        from vlkit.data.tokenizers import TokenizerError, build_tokenizer, run_tokenizer, same_vocabulary
-
         model = _unwrap(model)
         tokens, rows = len(tokenizer), model.vocab_size
         saved = run_tokenizer(run) if run else None
@@ -238,10 +237,6 @@ class Preflight:
     def check_masking(self, mix: Any, tokenizer: Any) -> None:
         """The mix's masking options: unknown keys, an unknown ``text_masking.policy``, and ``whole_word`` with a
         tokenizer without WordPiece ``##`` tokens (its word starts come from them)."""
-        from vlkit.objectives.corruption import MaskedText, masking_options
-        from vlkit.objectives.masking import TOKEN_POLICIES
-        from vlkit.objectives.mix import load_mix
-
         try:
             cfg = load_mix(mix)
         except (KeyError, TypeError, ValueError, FileNotFoundError):
@@ -265,8 +260,6 @@ class Preflight:
         sample), noted in preflight.json; above ``max_rate`` (``key``, default 0.05) a problem naming the rate,
         the unknown words, the key and the value that allows it."""
         import math
-
-        from vlkit.data.unknown import MAX_UNK_RATE, dataset_texts, unknown_tokens
 
         max_rate = MAX_UNK_RATE if max_rate is None else max_rate
         if isinstance(max_rate, bool) or not isinstance(max_rate, (int, float)) or not 0 <= max_rate <= 1:
@@ -297,8 +290,6 @@ class Preflight:
     # -- the data ------------------------------------------------------------------------------------
     def check_data(self, name: str, dataset: Any, model: Any, evaluation: bool = False) -> None:
         """``dataset`` (an `ImageTextPairs`, an NLVR2 `ImagePairTexts` or a `RetrievalSet`) against ``model``."""
-        from vlkit.data.images import image_index
-
         source = getattr(dataset, "image_source", None) or getattr(getattr(dataset, "pairs", None), "image_source", None)
         if source is None:
             return
@@ -395,8 +386,6 @@ class Preflight:
         """The problem of images missing from the source: how many (of all the data names), and when most are
         missing, what the data asks for against what the source holds (a wrong ``image_id_format``, a wrong
         folder), instead of advising to leave the examples out."""
-        from vlkit.data.images import id_mismatch
-
         share = len(missing) / max(images, 1)
         text = (f"{name} data: {len(examples)} example(s) name {len(missing)} image(s) missing from the {where} "
                 f"({share:.0%} of its {images} images): images {first(missing)}; examples {first(examples)}")
@@ -413,8 +402,6 @@ class Preflight:
                       name: str = "training") -> Any:
         """The run's `TrainerConfig` (None when it has problems): every numeric and path setting (NaN, inf,
         out of range, empty) and a fixed batch larger than the training data (no complete batch to train on)."""
-        from vlkit.train.trainer import TrainerConfig, TrainerConfigError
-
         try:
             config = TrainerConfig.from_cfg(trainer_cfg, output_dir=str(output_dir), seed=seed)
         except TrainerConfigError as err:
@@ -433,8 +420,6 @@ class Preflight:
 
     def check_weights(self, model: Any) -> None:
         """The model's parameters and buffers are finite (weights loaded with ``init=`` may not be)."""
-        from vlkit.validate import nonfinite_parameters
-
         bad = nonfinite_parameters(model)
         if bad:
             where = f" loaded with init={self._init}" if self._init else ""
@@ -444,10 +429,6 @@ class Preflight:
     def check_resume(self, output_dir: str | os.PathLike, config: Any, run: Mapping[str, Any]) -> None:
         """With ``resume=true``, the newest checkpoint's trainer config and run against this run's
         (`vlkit.train.resume.differences`): every difference outside the safe keys is a problem."""
-        from vlkit.train import checkpoint as ckpt
-        from vlkit.train.resume import SAFE_TO_CHANGE, differences
-        from vlkit.train.trainer import CHECKPOINTS
-
         if config is None or not config.resume:
             return
         path = ckpt.latest_checkpoint(Path(output_dir) / CHECKPOINTS)
@@ -474,8 +455,6 @@ class Preflight:
             raise PreflightError(self.problems)
         if output_dir is None:
             return
-        from vlkit.io import atomic_write_text, remove_orphans
-
         out = Path(output_dir)
         for name in RUN_FILES:  # temporary files of a killed earlier run in this folder
             remove_orphans(out / name)

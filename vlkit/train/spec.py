@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from vlkit.config import COUNT, SWITCH, Problem, SpecError, check_rules, model_problems, plain, register_model_configs
 from vlkit.data.spec import data_problems
 from vlkit.models.base import VLModel
+from vlkit.objectives import load_mix
 from vlkit.registry import TASKS, did_you_mean
 from vlkit.train.trainer import TrainerConfig, register_hydra_configs
 
@@ -149,8 +150,6 @@ class PretrainSpec(_TrainingSpec):
 
 def mix_problems(mix: Any, key: str = "objectives") -> list[Problem]:
     """The problems of an objective mix as its reader (`vlkit.objectives.load_mix`) finds them, named ``key``."""
-    from vlkit.objectives import load_mix
-
     try:
         load_mix(mix)
     except (KeyError, ValueError, TypeError, OSError) as err:

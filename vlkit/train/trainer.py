@@ -28,14 +28,19 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from vlkit import runtime
-from vlkit.config import Problem, SpecError
+from vlkit.config import KeyTypeError, Problem, SpecError, UnknownKeyError, merge_structured, store_configs
 from vlkit.models.compile import compile_blocks, set_activation_checkpointing
+from vlkit.models.recipe import recipe_of
+from vlkit.registry import MODELS
 from vlkit.train import checkpoint as ckpt
 from vlkit.train.distributed import BATCHING, LoaderConfig, batch_units, build_train_loader, shard_batch
-from vlkit.train.logging import JSONLTracker, flatten, progress, resolve_trackers, truncate_jsonl
+from vlkit.train.logging import JSONLTracker, flatten, progress, read_jsonl, resolve_trackers, truncate_jsonl
 from vlkit.train.optim import (ADAMW_IMPLS, ADAMW_RULES, NO_DECAY_RULES, SCHEDULES, build_optimizer, build_scheduler,
                                warmup_steps)
+from vlkit.train.resume import ResumeMismatchError, differences
 from vlkit.types import LossOutput, VLBatch
+from vlkit.validate import describe_inputs, nonfinite_inputs
+from vlkit.version import __version__
 
 MIXED_PRECISION = ("no", "bf16", "fp16")
 METRICS_FILE = "metrics.jsonl"
@@ -150,8 +155,6 @@ class TrainerConfig:
     @classmethod
     def from_cfg(cls, cfg: Any = None, **overrides: Any) -> "TrainerConfig":
         """From a `TrainerConfig`, a mapping or a ``DictConfig`` (unknown keys are an error)."""
-        from vlkit.config import KeyTypeError, UnknownKeyError, merge_structured
-
         try:
             return merge_structured(cls, cfg if cfg is not None else {}, overrides)
         except UnknownKeyError as err:  # named as the command line names it: trainer.<key>
@@ -180,17 +183,12 @@ _KINDS = {"int": "a whole number", "float": "a number", "Optional[float]": "a nu
 def trainer_presets() -> dict[str, dict[str, Any]]:
     """Each registered family's official pre-training recipe (its `vlkit.models.recipe.Recipe` ``trainer_preset``);
     batch and accumulation depend on the hardware."""
-    from vlkit.models.recipe import recipe_of
-    from vlkit.registry import MODELS
-
     presets = {name: recipe_of(MODELS.get(name)).trainer_preset for name in MODELS.names()}
     return {name: dict(preset) for name, preset in presets.items() if preset}
 
 
 def register_hydra_configs() -> None:
     """Store each family's recipe in Hydra's ConfigStore as ``trainer/<family>`` (``trainer=meter``)."""
-    from vlkit.config import store_configs
-
     store_configs("trainer", {name: TrainerConfig.from_preset(name) for name in trainer_presets()})
 
 
@@ -494,8 +492,6 @@ class Trainer:
     def _save(self, model: nn.Module, optimizer: Any, scheduler: Any, stream: _BatchStream, step: int) -> Path:
         from accelerate.utils import gather_object
 
-        from vlkit.version import __version__
-
         acc = self.accelerator
         rngs = gather_object([ckpt.rng_state()])
         path = self.checkpoint_dir / f"step_{step}"
@@ -514,8 +510,6 @@ class Trainer:
 
     def _check_resumed_config(self, path: Path) -> None:
         """`ResumeMismatchError` when this run's config differs from the checkpoint's outside the safe keys."""
-        from vlkit.train.resume import ResumeMismatchError, differences
-
         problems = differences(ckpt.read_state(path, verify=False), {"config": self.cfg.to_dict(), "run": self.run})
         if problems:
             raise ResumeMismatchError(path, problems)
@@ -552,8 +546,6 @@ class Trainer:
 
 def _nonfinite_record(micro_batch: int, value: float, batch: VLBatch, out: LossOutput) -> dict[str, Any]:
     """What a NaN / inf loss came from: the examples, their images, the objectives and any bad inputs."""
-    from vlkit.validate import nonfinite_inputs
-
     metrics = out.detached_metrics()
     active = sorted(k.split("/", 1)[1] for k in metrics if k.startswith("objective/"))
     culprits = sorted(k.rsplit("/", 1)[0] for k, v in metrics.items() if k.endswith("/loss") and not math.isfinite(v))
@@ -563,8 +555,6 @@ def _nonfinite_record(micro_batch: int, value: float, batch: VLBatch, out: LossO
 
 
 def _nonfinite_message(bad: Mapping[str, Any], rank: int, step: int, checkpoint: Path | None) -> str:
-    from vlkit.validate import describe_inputs
-
     where = f"step {step}: the loss is {bad['value']}"
     if bad.get("objectives"):
         where += f" (objective {', '.join(bad['objectives'])})"
@@ -591,8 +581,6 @@ def previous_run(output_dir: str | Path) -> Path | None:
 
 def read_metrics(output_dir: str | Path) -> list[dict[str, Any]]:
     """The records of ``<output_dir>/metrics.jsonl``."""
-    from vlkit.train.logging import read_jsonl
-
     return read_jsonl(Path(output_dir) / METRICS_FILE)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from vlkit.features.detector.convert import load_butd_checkpoint
 from vlkit.features.detector.network import BottomUpDetector, DetectorConfig, preset
 from vlkit.io import atomic_path, atomic_write_text, sha256_file
 
@@ -62,8 +63,6 @@ def load_detector(
                 raise ValueError(
                     "detector=butd needs weights=PATH (faster_rcnn_from_caffe_attr.pkl or bua-caffe-frcn-r101-k10-100.pth)"
                 )
-            from vlkit.features.detector.convert import load_butd_checkpoint
-
             load_butd_checkpoint(model, weights, strict=True)
             model.provenance = {"detector": "butd_r101", "weights": Path(weights).name, "weights_sha256": sha256_file(weights)}
         return model.to(device).eval()
