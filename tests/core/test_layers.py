@@ -30,6 +30,7 @@ def test_vlkit_imports_only_go_down():
     assert graph.room_circles == [] and graph.strangers == [], layers.report(graph)
     assert graph.facade == [], layers.report(graph)
     assert len(graph.function_imports) < 348 and not graph.too_lazy, layers.report(graph)
+    assert all(f.reason for f in graph.function_imports), layers.report(graph, lazy=True)  # each states its reason
     # the shapes palette sits below both rooms: features imports nothing of data
     assert not any(b.startswith("vlkit.data") for a, targets in graph.edges.items() if a.startswith("vlkit.features")
                    for b in targets), layers.report(graph)
