@@ -8,7 +8,7 @@ import pytest
 from matplotlib.colors import to_rgba
 
 from vlkit.cli import compose
-from vlkit.compare.config import comparison_title, drop_preset_title
+from vlkit.compare.config import comparison_title, drop_preset_run_keys
 from vlkit.compare.plots import confidence_bar, curves_figure, metrics_figure
 from vlkit.compare.report import write_outputs
 
@@ -32,15 +32,20 @@ def test_the_title_comes_from_the_runs_compared(tmp_path):
     titled = tmp_path / "titled.yaml"
     titled.write_text("title: my ablation\nruns:\n  - {name: a, model: uniter}\n")
     assert comparison_title(compose("compare", [f"compare={titled}"]).compare) == "my ablation"
-    # compare.runs= on the command line: the preset's title goes unless compare.title= is given too
-    compare = {"title": DEFAULT_TITLE, "runs": [{"name": "x", "model": "uniter"}, {"name": "y", "model": "meter"}]}
-    drop_preset_title(compare, {"compare.seeds"})
-    assert comparison_title(compare) == DEFAULT_TITLE
-    drop_preset_title(compare, {"compare.runs", "compare.seeds"})
-    assert comparison_title(compare) == "x vs y"
-    compare["title"] = "given"
-    drop_preset_title(compare, {"compare.runs", "compare.title"})
-    assert comparison_title(compare) == "given"
+    # compare.runs= on the command line: the preset's title and claims (they name its runs) go unless given too
+    headline = [{"claim": "c", "a": "vilbert", "b": "vilbert/scratch", "metric": "vqa"}]
+    compare = {"title": DEFAULT_TITLE, "claims": headline,
+               "runs": [{"name": "x", "model": "uniter"}, {"name": "y", "model": "meter"}]}
+    drop_preset_run_keys(compare, {"compare.seeds"})
+    assert comparison_title(compare) == DEFAULT_TITLE and compare["claims"] == headline
+    drop_preset_run_keys(compare, {"compare.runs", "compare.seeds"})
+    assert comparison_title(compare) == "x vs y" and compare["claims"] == []
+    compare.update(title="given", claims=headline)
+    drop_preset_run_keys(compare, {"compare.runs", "compare.title", "compare.claims"})
+    assert comparison_title(compare) == "given" and compare["claims"] == headline
+    # a comparison file with runs of its own inherits neither the default's title nor its claims
+    assert compose("compare", [f"compare={partial}"]).compare.claims == []
+    assert len(compose("compare", [f"compare={seeds_only}"]).compare.claims) == 3  # the default's runs: its claims
 
 
 def _write(tmp_path, compare):

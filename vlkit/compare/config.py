@@ -140,8 +140,8 @@ def comparison_file(path: str | Path) -> str:
             defaults.append("_self_")
         defaults.insert(defaults.index("_self_"), f"/{CLEARED}")
         body["defaults"] = defaults
-    if "runs" in node and "title" not in node:  # a preset's title names the preset's runs, not these
-        node["title"] = None
+    if "runs" in node:  # a preset's title and claims name the preset's runs, not these
+        node.update({key: empty for key, empty in RUN_BOUND_KEYS.items() if key not in node})
     runs = node.get("runs") or []
     if not isinstance(runs, list):
         raise ValueError(f"comparison file {path}: runs must be a list of runs, found {type(runs).__name__}")
@@ -155,15 +155,23 @@ def comparison_file(path: str | Path) -> str:
 def comparison_title(compare: dict[str, Any]) -> str:
     """What a comparison's report and figures are titled: ``compare.title`` when set, else the runs compared
     (``uniter vs meter``). A comparison that replaces a preset's runs without a title of its own gets the
-    latter: ``comparison_file``, `drop_preset_title` and ``vlkit.compare(runs=...)`` drop the preset's."""
+    latter: ``comparison_file``, `drop_preset_run_keys` and ``vlkit.compare(runs=...)`` drop the preset's."""
     names = [str(run["name"]) for run in compare.get("runs") or () if isinstance(run, Mapping) and "name" in run]
     return compare.get("title") or " vs ".join(names) or "comparison"
 
 
-def drop_preset_title(compare: dict[str, Any], explicit: set[str]) -> None:
-    """Drop the preset's title when the command line sets ``compare.runs`` and no ``compare.title``."""
-    if "compare.runs" in explicit and "compare.title" not in explicit:
-        compare["title"] = None
+# The keys of a preset that name its runs (its title, its headline claims): a comparison that replaces the runs
+# without setting them has none of the preset's
+RUN_BOUND_KEYS: dict[str, Any] = {"title": None, "claims": []}
+
+
+def drop_preset_run_keys(compare: dict[str, Any], explicit: set[str]) -> None:
+    """Drop the preset's `RUN_BOUND_KEYS` (its title and claims) when the caller sets ``compare.runs`` and not them."""
+    if "compare.runs" not in explicit:
+        return
+    for key, empty in RUN_BOUND_KEYS.items():
+        if not any(e == f"compare.{key}" or e.startswith(f"compare.{key}.") for e in explicit):
+            compare[key] = list(empty) if isinstance(empty, list) else empty
 
 
 def known_tasks(where: str, tasks: Any) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from vlkit.compare.account import heartbeat_s
-from vlkit.compare.config import CLEARED, CLEARED_NODE, drop_preset_title, look_sizes_of, resolve_config
+from vlkit.compare.config import CLEARED, CLEARED_NODE, drop_preset_run_keys, look_sizes_of, resolve_config
 from vlkit.compare.costs import cost_settings
 from vlkit.compare.executor_base import register_hydra_configs
 from vlkit.config import COUNT, NATURAL, SWITCH, Problem, SpecError, check_rules, store_configs
@@ -99,7 +99,7 @@ class CompareSpec:
         if not isinstance(compare, dict):
             raise SpecError([Problem("compare", f"={compare!r}: give a comparison (compare=<preset>)")])
         if not config.get("manifest"):
-            drop_preset_title(compare, explicit)
+            drop_preset_run_keys(compare, explicit)
         problems = check_rules(COMPARE_RULES, config) + data_problems(config.get("data"))
         problems += seeds_problems(compare.get("seeds"))
         plan = _checked(problems, cost_settings, compare) or {}
