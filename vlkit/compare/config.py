@@ -2,6 +2,7 @@
 objective mix and task configs."""
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,13 +72,13 @@ def resolve_config(cfg: Any, explicit: set[str] | None = None) -> dict[str, Any]
     cfg = plain(cfg)
     if not cfg.get("manifest"):
         return cfg
-    run_keys = manifest_run_keys()
+    allowed = manifest_run_keys()
     manifest = read_json(cfg["manifest"], "manifest= names the manifest.json of a finished comparison")
     resolved = manifest["config"]
     unset = object()
     conflicts = []
     for key in sorted(explicit or ()):
-        if key == "manifest" or any(key == k or key.startswith(k + ".") for k in run_keys):
+        if key == "manifest" or any(key == k or key.startswith(k + ".") for k in allowed):
             continue
         given, recorded = _select(cfg, key, unset), _select(resolved, key, unset)
         if given is not unset and json.dumps(given, sort_keys=True, default=str) != \
@@ -87,11 +88,11 @@ def resolve_config(cfg: Any, explicit: set[str] | None = None) -> dict[str, Any]
     if conflicts:
         raise ValueError(f"manifest={cfg['manifest']} reruns the comparison it records, and the command line changes "
                          f"it: {'; '.join(conflicts)}. Drop those keys to rerun the manifest, or run the changed "
-                         f"comparison without manifest=. Beside manifest= you may set: {', '.join(run_keys)}")
-    for key in run_keys:  # how to run it, from the command line (the first five always, as before)
+                         f"comparison without manifest=. Beside manifest= you may set: {', '.join(allowed)}")
+    for key in allowed:  # how to run it, from the command line (the first five always, as before)
         given = any(k == key or k.startswith(key + ".") for k in explicit or ())
         value = _select(cfg, key, unset)
-        if value is not unset and (given or key in run_keys[:5]):
+        if value is not unset and (given or key in allowed[:5]):
             node, _, leaf = key.rpartition(".")
             (resolved.setdefault(node, {}) if node else resolved)[leaf] = value
     resolved["expected_data_hash"] = manifest["data"]["hash"]
@@ -171,7 +172,7 @@ def drop_preset_run_keys(compare: dict[str, Any], explicit: set[str]) -> None:
         return
     for key, empty in RUN_BOUND_KEYS.items():
         if not any(e == f"compare.{key}" or e.startswith(f"compare.{key}.") for e in explicit):
-            compare[key] = list(empty) if isinstance(empty, list) else empty
+            compare[key] = copy.copy(empty)
 
 
 def known_tasks(where: str, tasks: Any) -> None:

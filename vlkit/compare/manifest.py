@@ -2,14 +2,13 @@
 digest) and the environment it ran in (package versions, git commit, the float kernels and torch's build)."""
 from __future__ import annotations
 
-import json
 import platform
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from vlkit.io import atomic_write_text, dump_json, sha256_file
+from vlkit.io import atomic_write_text, dump_json, read_json, sha256_file
 from vlkit.runtime import kernels
 from vlkit.version import __version__
 
@@ -52,8 +51,8 @@ def _processor() -> str:
 def _written(path: Path) -> dict[str, Any]:
     """The manifest already at ``path`` ({} when there is none or it is unreadable)."""
     try:
-        found = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        found = read_json(path)
+    except OSError:  # none yet, or unreadable (`vlkit.io.UnreadableFileError`): written afresh
         return {}
     return found if isinstance(found, dict) else {}
 
